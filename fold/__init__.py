@@ -1,0 +1,71 @@
+"""fold: dynamic batching and typed block combinators for JAX.
+
+>>> import fold as fd, jax
+>>> model = fd.Map(fd.Scalar()) >> fd.Sum()
+>>> compiler = fd.Compiler.create(model)
+>>> params = compiler.init(jax.random.key(0))
+>>> compiler.apply(params, compiler.build_batch([[1, 2, 3], [4]])).outputs.tolist()
+[6.0, 4.0]
+"""
+
+from fold.blocks.base import Block, convert_to_block
+from fold.blocks.cells import BinaryTreeLSTMCell, GRUCell, LSTMCell
+from fold.blocks.composition import Composition
+from fold.blocks.control import ForwardDeclaration, Metric, OneOf
+from fold.blocks.inputs import (
+    FromTensor,
+    Identity,
+    InputTransform,
+    OneHot,
+    OneHotFromList,
+    Optional,
+    Scalar,
+    Tensor,
+    Vector,
+    Void,
+    Zeros,
+)
+from fold.blocks.layers import FC, Embedding, Layer
+from fold.blocks.plumbing import AllOf, GetItem, Pipe, Record, Slice
+from fold.blocks.sequences import (
+    RNN,
+    Broadcast,
+    Fold,
+    Length,
+    Map,
+    Max,
+    Mean,
+    Min,
+    NGrams,
+    Nth,
+    Reduce,
+    Sum,
+    Zip,
+    ZipWith,
+)
+from fold.blocks.tensors import Concat, Function
+from fold.blocks.types import (
+    BroadcastSequenceType,
+    PyObjectType,
+    SequenceType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+    convert_to_type,
+)
+from fold.compiler.compiler import Compiler
+from fold.compiler.result import MetricValues, Result
+from fold.scheduler.schedule import Batch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllOf", "Batch", "BinaryTreeLSTMCell", "Block", "Broadcast", "BroadcastSequenceType", "Compiler",
+    "Composition", "Concat", "Embedding", "FC", "Fold", "ForwardDeclaration", "FromTensor", "Function",
+    "GRUCell", "GetItem", "Identity", "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max",
+    "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf",
+    "Optional", "Pipe", "PyObjectType", "RNN", "Record", "Reduce", "Result", "Scalar", "SequenceType",
+    "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros",
+    "Zip", "ZipWith", "convert_to_block", "convert_to_type",
+]

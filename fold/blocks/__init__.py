@@ -1,0 +1,1 @@
+"""Types, blocks and layers."""

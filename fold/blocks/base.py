@@ -1,0 +1,340 @@
+"""The ``Block`` base class: typing, wiring, and the host-walk protocol.
+
+A block is a typed function from an input to an output. Blocks hold no
+arrays: the compiler turns a block tree into operations, and the scheduler
+walks each example through the tree on the host, recording tensor
+operations (see ``fold/scheduler/builder.py``).
+
+Host-walk protocol. A block either
+
+* is a *leaf* (``_leaf = True``) and computes its output directly in
+  ``_host_leaf(x, ctx)``, or
+* implements ``_host(x, ctx)`` as a generator that ``yield``s
+  ``(child, child_input, label)`` requests and receives each child's
+  output back; its return value is its output.
+
+The driver in the scheduler runs these generators on an explicit stack,
+so walking a 10,000-deep input never recurses in Python. ``label`` is this
+block's element of the error path (``"Record['left']"``, ``"Map[3]"``) or
+``None`` for transparent plumbing such as ``Pipe``.
+
+Host values: a tensor is an ``int`` id issued by the batch builder, a tuple
+is a tuple, a sequence is a list, a broadcast sequence is a ``Repeat``, a
+PyObject is itself and void is ``None``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from fold.blocks.types import Type, convert_to_type
+
+__all__ = ["Block", "convert_to_block", "Repeat", "type_error"]
+
+_scopes = threading.local()
+
+
+def _scope_stack() -> list:
+    if not hasattr(_scopes, "stack"):
+        _scopes.stack = []
+    return _scopes.stack
+
+
+def current_composition() -> Any:
+    """The innermost ``Composition`` whose ``scope()`` is active, or None."""
+    stack = _scope_stack()
+    return stack[-1] if stack else None
+
+
+class Repeat:
+    """Host value of a broadcast sequence: ``value`` repeated forever."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Repeat({self.value!r})"
+
+
+def type_error(a: Block, a_type: Any, b: Block, b_type: Any, how: str, detail: str = "") -> TypeError:
+    """A TypeError naming both blocks and both types, marked as already explained."""
+    msg = f"type mismatch: {a!r} {how} {a_type} but {b!r} has {b_type}"
+    if detail:
+        msg += f" ({detail})"
+    err = TypeError(msg)
+    err._fold_explained = True  # type: ignore[attr-defined]
+    return err
+
+
+class Block:
+    """Base class of all blocks.
+
+    Subclasses set ``_leaf`` and implement ``_host_leaf`` or ``_host``;
+    they refine types through ``_check_input``/``_check_output`` (raise
+    ``TypeError`` for types they can never accept) and ``_infer`` (push
+    known types to and from children).
+    """
+
+    _leaf = False
+    _scoped = True  # registers itself with the enclosing Composition scope
+
+    def __init__(self, name: str | None = None, input_type: Any = None, output_type: Any = None):
+        self._name = name
+        self._input_type: Type | None = None
+        self._output_type: Type | None = None
+        self._parent: Any = None
+        self._listeners: list = []
+        self._composition: Any = None
+        self._eval_compiler: Any = None
+        comp = current_composition() if self._scoped else None
+        if comp is not None:
+            comp._add_member(self)
+        if input_type is not None:
+            self.set_input_type(input_type)
+        if output_type is not None:
+            self.set_output_type(output_type)
+
+    # ----------------------------------------------------------------- naming
+    @property
+    def name(self) -> str | None:
+        return self._name
+
+    def __repr__(self) -> str:
+        cls = type(self).__name__
+        return f"{cls}({self._name!r})" if self._name else cls
+
+    def _path_name(self) -> str:
+        return repr(self)
+
+    # ------------------------------------------------------------------ types
+    @property
+    def input_type(self) -> Type | None:
+        return self._input_type
+
+    @property
+    def output_type(self) -> Type | None:
+        return self._output_type
+
+    def set_input_type(self, input_type: Any) -> Block:
+        """Pins the input type; a conflict with a known type is a TypeError."""
+        t = convert_to_type(input_type)
+        if self._input_type is None:
+            self._check_input(t)
+            self._input_type = t
+            self._changed()
+        elif self._input_type != t:
+            raise TypeError(f"{self!r} has input type {self._input_type} and cannot take input type {t}")
+        return self
+
+    def set_output_type(self, output_type: Any) -> Block:
+        """Pins the output type; a conflict with a known type is a TypeError."""
+        t = convert_to_type(output_type)
+        if self._output_type is None:
+            self._check_output(t)
+            self._output_type = t
+            self._changed()
+        elif self._output_type != t:
+            raise TypeError(f"{self!r} has output type {self._output_type} and cannot produce output type {t}")
+        return self
+
+    def _check_input(self, t: Type) -> None:
+        """Raises TypeError when this block can never take input type ``t``."""
+
+    def _check_output(self, t: Type) -> None:
+        """Raises TypeError when this block can never produce output type ``t``."""
+
+    def _infer(self) -> None:
+        """Propagates known types between this block and its children."""
+
+    def _changed(self) -> None:
+        self._infer()
+        for listener in list(self._listeners):
+            listener._infer()
+
+    def _listen(self, child: Block) -> None:
+        if self not in child._listeners:
+            child._listeners.append(self)
+
+    # ----------------------------------------------------------------- wiring
+    def _adopt(self, child: Any) -> Block:
+        """Makes ``child`` (a block-like) a child of this block."""
+        child = convert_to_block(child)
+        if child._parent is not None:
+            raise ValueError(
+                f"{child!r} is already used inside {child._parent!r}; a block may appear in "
+                "one place only (create a new block; layers can be shared)"
+            )
+        if child._composition is not None:
+            if child._composition._is_wired(child):
+                raise ValueError(
+                    f"{child!r} is wired inside a Composition and cannot also be a child of {self!r}"
+                )
+            child._composition._remove_member(child)
+        child._parent = self
+        self._listen(child)
+        return child
+
+    def children(self) -> list[Block]:
+        """The direct child blocks."""
+        return []
+
+    def _flow(self, src: Block, dst: Block) -> None:
+        """Unifies ``src.output_type`` with ``dst.input_type``."""
+        unify(src, "output", dst, "input")
+
+    def _same(self, a: Block, a_side: str, b: Block, b_side: str) -> None:
+        unify(a, a_side, b, b_side)
+
+    def __rshift__(self, other: Any) -> Block:
+        from fold.blocks.plumbing import Pipe
+
+        return Pipe(self, other)
+
+    def __rrshift__(self, other: Any) -> Block:
+        from fold.blocks.plumbing import Pipe
+
+        return Pipe(other, self)
+
+    def __getitem__(self, key: Any) -> Block:
+        from fold.blocks.plumbing import GetItem, Pipe
+
+        comp = current_composition() or self._composition
+        if comp is not None:
+            return GetItem(key).reads(self)
+        return Pipe(self, GetItem(key))
+
+    def reads(self, *others: Any) -> Block:
+        """Wires the outputs of ``others`` to this block's input inside a Composition."""
+        comp = current_composition()
+        if comp is None:
+            for o in (self, *others):
+                if isinstance(o, Block) and o._composition is not None:
+                    comp = o._composition
+                    break
+        if comp is None:
+            raise ValueError(f"{self!r}.reads() must be called inside `with composition.scope():`")
+        comp._connect(self, others)
+        return self
+
+    # ------------------------------------------------------------ host walk
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        """Leaf blocks compute their host output here."""
+        raise TypeError(f"{self!r} is not a leaf block")
+
+    def _host(self, x: Any, ctx: Any) -> Iterator:
+        """Composite blocks yield ``(child, input, label)`` and return their output."""
+        raise TypeError(f"{self!r} defines no host walk")
+        yield  # pragma: no cover
+
+    # -------------------------------------------------------------- notebook
+    def eval(self, example: Any, params: Any = None) -> Any:
+        """Evaluates the block on one example (for notebooks and tests).
+
+        Tensors come back as NumPy arrays, tuples as tuples, sequences as
+        lists, broadcast sequences as ``itertools.repeat`` and void as None.
+        A block containing ``Metric``s returns ``(output, {name: [values]})``.
+        With ``params=None`` the parameters are initialised from
+        ``jax.random.key(0)``.
+
+        >>> import fold as fd
+        >>> float(fd.Scalar().eval(3))
+        3.0
+        """
+        return self._compiler_for_eval().eval_one(example, params)
+
+    def max_depth(self, example: Any) -> int:
+        """The depth of ``example``'s schedule: constants 0, each operation 1 + its inputs."""
+        return self._compiler_for_eval().max_depth(example)
+
+    def _compiler_for_eval(self) -> Any:
+        from fold.compiler.compiler import Compiler
+
+        if self._eval_compiler is None:
+            self._eval_compiler = Compiler._create(self, any_root=True)
+        return self._eval_compiler
+
+
+def _side_type(block: Block, side: str) -> Type | None:
+    return block.input_type if side == "input" else block.output_type
+
+
+def _set_side(block: Block, side: str, t: Type) -> None:
+    if side == "input":
+        block.set_input_type(t)
+    else:
+        block.set_output_type(t)
+
+
+def unify(a: Block, a_side: str, b: Block, b_side: str) -> None:
+    """Makes ``a``'s ``a_side`` type equal to ``b``'s ``b_side`` type.
+
+    Raises a TypeError naming both blocks and both types on a mismatch.
+    """
+    ta, tb = _side_type(a, a_side), _side_type(b, b_side)
+    if ta is None and tb is None:
+        return
+    if ta is not None and tb is not None:
+        if ta != tb:
+            raise type_error(a, ta, b, tb, f"has {a_side} type", f"{b_side} type of {b!r}")
+        return
+    try:
+        if ta is not None:
+            _set_side(b, b_side, ta)
+        else:
+            _set_side(a, a_side, tb)
+    except TypeError as e:
+        if getattr(e, "_fold_explained", False):
+            raise
+        raise type_error(
+            a, ta if ta is not None else "(unknown)", b, tb if tb is not None else "(unknown)",
+            f"has {a_side} type", str(e)
+        ) from e
+
+
+def convert_to_block(x: Any) -> Block:
+    """Converts a block-like to a block.
+
+    A block is returned as is; a dict is a ``Record`` (sorted keys; an
+    ``OrderedDict`` keeps its order); a tuple or list is a positional
+    ``Record``; a NumPy or JAX array is a ``FromTensor`` constant; a layer
+    is wrapped in a ``Function``.
+    """
+    import numpy as np
+
+    from fold.blocks.layers import Layer
+
+    if isinstance(x, Block):
+        return x
+    if isinstance(x, Layer):
+        from fold.blocks.tensors import Function
+
+        return Function(x)
+    if isinstance(x, (dict, tuple, list)):
+        from fold.blocks.plumbing import Record
+
+        return Record(x)
+    if isinstance(x, np.ndarray) or _is_jax_array(x):
+        from fold.blocks.inputs import FromTensor
+
+        return FromTensor(x)
+    raise TypeError(f"cannot convert {x!r} (of type {type(x).__name__}) to a block")
+
+
+def _is_jax_array(x: Any) -> bool:
+    import jax
+
+    return isinstance(x, jax.Array)
+
+
+def is_block_like(x: Any) -> bool:
+    """True for anything ``convert_to_block`` accepts."""
+    import numpy as np
+
+    from fold.blocks.layers import Layer
+
+    return isinstance(x, (Block, Layer, dict, tuple, list, np.ndarray)) or _is_jax_array(x)
+

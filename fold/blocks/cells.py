@@ -1,0 +1,133 @@
+"""Recurrent cells: ``LSTMCell``, ``GRUCell`` and ``BinaryTreeLSTMCell``.
+
+A cell is a layer called on ``(input, state)`` that returns
+``(output, new_state)``. Each exposes ``state_type`` so that ``RNN`` can
+start from zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fold.blocks.layers import Layer
+from fold.blocks.types import TensorType, TupleType, Type
+
+__all__ = ["LSTMCell", "GRUCell", "BinaryTreeLSTMCell"]
+
+
+def _vec(t: Any) -> bool:
+    return isinstance(t, TensorType) and t.ndim == 1
+
+
+class _Cell(Layer):
+    def __init__(self, num_units: int, initializer: Callable | None, name: str | None):
+        super().__init__(name)
+        if int(num_units) <= 0:
+            raise ValueError(f"{type(self).__name__} needs a positive num_units, got {num_units}")
+        self.num_units = int(num_units)
+        self.initializer = initializer or jax.nn.initializers.glorot_uniform()
+
+    def _split_input(self, input_type: Type) -> tuple[TensorType, Type]:
+        if not isinstance(input_type, TupleType) or len(input_type) != 2 or not _vec(input_type[0]):
+            raise TypeError(f"{self!r} takes (input vector, state), not {input_type}")
+        return input_type[0], input_type[1]
+
+    def _check_state(self, state: Type, expected: Type, input_type: Type) -> None:
+        if state != expected:
+            raise TypeError(f"{self!r} needs state {expected}, got input {input_type}")
+
+
+class LSTMCell(_Cell):
+    """LSTM cell: ``(x, (c, h)) -> (h', (c', h'))`` with a forget-gate bias (default 1)."""
+
+    def __init__(self, num_units: int, forget_bias: float = 1.0, initializer: Callable | None = None,
+                 name: str | None = None):
+        super().__init__(num_units, initializer, name)
+        self.forget_bias = forget_bias
+
+    @property
+    def state_type(self) -> TupleType:
+        h = TensorType((self.num_units,))
+        return TupleType(h, h)
+
+    def init(self, key: jax.Array, input_type: Type) -> dict:
+        x, state = self._split_input(input_type)
+        h = TensorType((self.num_units,), x.dtype)
+        self._check_state(state, TupleType(h, h), input_type)
+        n = x.shape[0] + self.num_units
+        return {"w": self.initializer(key, (n, 4 * self.num_units), x.dtype),
+                "b": jnp.zeros((4 * self.num_units,), x.dtype)}
+
+    def apply(self, params: dict, x: jax.Array, state: tuple) -> tuple:
+        c, h = state
+        z = jnp.concatenate([x, h], axis=-1) @ params["w"] + params["b"]
+        i, f, g, o = jnp.split(z, 4, axis=-1)
+        c2 = jax.nn.sigmoid(f + self.forget_bias) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h2 = jax.nn.sigmoid(o) * jnp.tanh(c2)
+        return h2, (c2, h2)
+
+
+class GRUCell(_Cell):
+    """GRU cell: ``(x, h) -> (h', h')`` with ``h' = z * h + (1 - z) * tanh(...)``."""
+
+    def __init__(self, num_units: int, initializer: Callable | None = None, name: str | None = None):
+        super().__init__(num_units, initializer, name)
+
+    @property
+    def state_type(self) -> TensorType:
+        return TensorType((self.num_units,))
+
+    def init(self, key: jax.Array, input_type: Type) -> dict:
+        x, state = self._split_input(input_type)
+        self._check_state(state, TensorType((self.num_units,), x.dtype), input_type)
+        n, u = x.shape[0] + self.num_units, self.num_units
+        k1, k2 = jax.random.split(key)
+        return {"w_gates": self.initializer(k1, (n, 2 * u), x.dtype), "b_gates": jnp.zeros((2 * u,), x.dtype),
+                "w_cand": self.initializer(k2, (n, u), x.dtype), "b_cand": jnp.zeros((u,), x.dtype)}
+
+    def apply(self, params: dict, x: jax.Array, h: jax.Array) -> tuple:
+        gates = jnp.concatenate([x, h], axis=-1) @ params["w_gates"] + params["b_gates"]
+        r, z = jnp.split(jax.nn.sigmoid(gates), 2, axis=-1)
+        cand = jnp.tanh(jnp.concatenate([x, r * h], axis=-1) @ params["w_cand"] + params["b_cand"])
+        h2 = z * h + (1.0 - z) * cand
+        return h2, h2
+
+
+class BinaryTreeLSTMCell(_Cell):
+    """Binary Tree-LSTM cell (Tai et al. 2015, N-ary with N=2).
+
+    ``(x, ((c_l, h_l), (c_r, h_r))) -> (h, (c, h))`` with input, output and
+    update gates and one forget gate per child, each reading ``x`` and both
+    children's ``h``.
+    """
+
+    def __init__(self, num_units: int, forget_bias: float = 1.0, initializer: Callable | None = None,
+                 name: str | None = None):
+        super().__init__(num_units, initializer, name)
+        self.forget_bias = forget_bias
+
+    @property
+    def state_type(self) -> TupleType:
+        h = TensorType((self.num_units,))
+        return TupleType(h, h)
+
+    def init(self, key: jax.Array, input_type: Type) -> dict:
+        x, states = self._split_input(input_type)
+        h = TensorType((self.num_units,), x.dtype)
+        self._check_state(states, TupleType(TupleType(h, h), TupleType(h, h)), input_type)
+        n = x.shape[0] + 2 * self.num_units
+        return {"w": self.initializer(key, (n, 5 * self.num_units), x.dtype),
+                "b": jnp.zeros((5 * self.num_units,), x.dtype)}
+
+    def apply(self, params: dict, x: jax.Array, states: tuple) -> tuple:
+        (c_l, h_l), (c_r, h_r) = states
+        z = jnp.concatenate([x, h_l, h_r], axis=-1) @ params["w"] + params["b"]
+        i, f_l, f_r, o, u = jnp.split(z, 5, axis=-1)
+        c = (jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(f_l + self.forget_bias) * c_l
+             + jax.nn.sigmoid(f_r + self.forget_bias) * c_r)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return h, (c, h)

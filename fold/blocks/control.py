@@ -1,0 +1,197 @@
+"""Control blocks: ``OneOf`` dispatch, ``ForwardDeclaration`` recursion, ``Metric``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fold.blocks.base import Block, convert_to_block, unify
+from fold.blocks.types import PyObjectType, TensorType, Type, VoidType
+
+__all__ = ["OneOf", "ForwardDeclaration", "Metric"]
+
+
+class OneOf(Block):
+    """Dispatches its input to one of ``case_blocks`` by ``key_fn(input)``.
+
+    ``key_fn`` is a callable or a block (run on the host, PyObject output);
+    ``case_blocks`` is a dict (or a list of ``(key, block)`` pairs), or a
+    tuple/list of blocks indexed by the key. ``pre_block``, if given,
+    preprocesses the input before the chosen case. All cases share one
+    input type and one output type. A key with no case is a KeyError.
+    """
+
+    def __init__(self, key_fn: Callable | Block, case_blocks: Any, pre_block: Any = None,
+                 name: str | None = None):
+        super().__init__(name)
+        if isinstance(case_blocks, dict):
+            cases = list(case_blocks.items())
+            self._indexed = False
+        elif isinstance(case_blocks, (tuple, list)):
+            if case_blocks and all(isinstance(c, tuple) and len(c) == 2 and not isinstance(c[0], Block)
+                                   and not isinstance(c[0], (tuple, list, dict)) for c in case_blocks):
+                cases, self._indexed = list(case_blocks), False
+            else:
+                cases, self._indexed = list(enumerate(case_blocks)), True
+        else:
+            raise TypeError(f"OneOf case_blocks must be a dict or a sequence, got {type(case_blocks).__name__}")
+        if not cases:
+            raise ValueError("OneOf needs at least one case")
+        if isinstance(key_fn, Block):
+            self.key_block: Block | None = self._adopt(key_fn)
+            self.key_fn = None
+        elif callable(key_fn):
+            self.key_block, self.key_fn = None, key_fn
+        else:
+            raise TypeError(f"OneOf key_fn must be a callable or a block, got {key_fn!r}")
+        self.pre_block = None if pre_block is None else self._adopt(pre_block)
+        self._cases = {k: self._adopt(b) for k, b in cases}
+        self._case_list = [b for _, b in cases]
+        self._infer()
+
+    def children(self) -> list[Block]:
+        extra = [b for b in (self.key_block, self.pre_block) if b is not None]
+        return extra + self._case_list
+
+    def _infer(self) -> None:
+        if not hasattr(self, "_case_list"):
+            return
+        if self.key_block is not None:
+            unify(self, "input", self.key_block, "input")
+            if self.key_block.output_type is None:
+                self.key_block.set_output_type(PyObjectType())
+        src, side = (self.pre_block, "output") if self.pre_block is not None else (self, "input")
+        if self.pre_block is not None:
+            unify(self, "input", self.pre_block, "input")
+        for case in self._case_list:
+            unify(src, side, case, "input")
+        for case in self._case_list:
+            unify(case, "output", self, "output")
+
+    def _case(self, key: Any) -> Block:
+        try:
+            if self._indexed:
+                if isinstance(key, bool) or not isinstance(key, int):
+                    raise KeyError(key)
+                return self._case_list[key]
+            return self._cases[key]
+        except (KeyError, IndexError):
+            raise KeyError(f"{self!r} has no case for key {key!r}; cases are {list(self._cases)!r}") from None
+        except TypeError:
+            raise TypeError(f"{self!r}: key {key!r} is unhashable") from None
+
+    def _host(self, x: Any, ctx: Any):
+        if self.key_block is not None:
+            key = yield self.key_block, x, "OneOf[key]"
+        else:
+            key = self.key_fn(x)  # type: ignore[misc]
+        case = self._case(key)
+        if self.pre_block is not None:
+            x = yield self.pre_block, x, "OneOf[pre]"
+        return (yield case, x, "OneOf")
+
+
+class ForwardDeclaration(Block):
+    """Declares a block before it is defined, for recursive models.
+
+    Call the declaration (``decl()``) to get a reference block, use the
+    references to build the model, then ``decl.resolve_to(model)``.
+
+    >>> import fold as fd
+    >>> decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    >>> leaf = fd.Scalar()
+    >>> pair = fd.Record((decl(), decl())) >> fd.Function(lambda a, b: a + b)
+    >>> tree = fd.OneOf(lambda x: isinstance(x, tuple), {False: leaf, True: pair})
+    >>> decl.resolve_to(tree)
+    >>> float(tree.eval((1, (2, 3))))
+    6.0
+    """
+
+    _scoped = False
+
+    def __init__(self, input_type: Any = None, output_type: Any = None, name: str | None = None):
+        self.target: Block | None = None
+        self._refs: list[Block] = []
+        super().__init__(name, input_type, output_type)
+
+    def __call__(self) -> Block:
+        ref = _Reference(self)
+        self._refs.append(ref)
+        self._listen(ref)
+        ref._listen(self)
+        ref._infer()
+        return ref
+
+    def resolve_to(self, target_block: Any) -> None:
+        """Ties the declaration to its definition."""
+        if self.target is not None:
+            raise ValueError(f"{self!r} is already resolved to {self.target!r}")
+        target = convert_to_block(target_block)
+        if target._parent is not None and target._parent is not self:
+            raise ValueError(f"{target!r} is already used inside {target._parent!r}")
+        self.target = target
+        target._parent = self
+        self._listen(target)
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return [] if self.target is None else [self.target]
+
+    def _infer(self) -> None:
+        if getattr(self, "target", None) is not None:
+            unify(self, "input", self.target, "input")
+            unify(self, "output", self.target, "output")
+        for ref in getattr(self, "_refs", ()):
+            unify(self, "input", ref, "input")
+            unify(self, "output", ref, "output")
+
+
+class _Reference(Block):
+    """A use of a ``ForwardDeclaration``: runs its target."""
+
+    def __init__(self, decl: ForwardDeclaration):
+        self.decl = decl
+        super().__init__()
+
+    def __repr__(self) -> str:
+        return f"{self.decl!r}()"
+
+    def children(self) -> list[Block]:
+        return [self.decl]
+
+    def _infer(self) -> None:
+        if hasattr(self, "decl"):
+            self.decl._infer()
+
+    def _host(self, x: Any, ctx: Any):
+        target = self.decl.target
+        if target is None:
+            raise ValueError(f"{self.decl!r} was never resolved: call resolve_to(block)")
+        return (yield target, x, None)
+
+
+class Metric(Block):
+    """Records its tensor input under ``metric_name``; outputs void.
+
+    Every call in a batch becomes one entry of ``result.metrics[name]``.
+    """
+
+    _leaf = True
+
+    def __init__(self, metric_name: str):
+        if not isinstance(metric_name, str) or not metric_name:
+            raise ValueError(f"Metric needs a non-empty string name, got {metric_name!r}")
+        self.metric_name = metric_name
+        super().__init__(None, None, VoidType())
+
+    def __repr__(self) -> str:
+        return f"Metric({self.metric_name!r})"
+
+    def _check_input(self, t: Type) -> None:
+        if not isinstance(t, TensorType):
+            raise TypeError(f"{self!r} takes a tensor, not {t}")
+
+    def _host_leaf(self, x: Any, ctx: Any) -> None:
+        ctx.metric(self.metric_name, x)
+        return None
+

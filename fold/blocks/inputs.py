@@ -1,0 +1,286 @@
+"""Blocks that turn host (Python) values into tensors, and other leaves.
+
+All of these are constants in the schedule (depth 0) or free host-side
+plumbing: they never run on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from fold.blocks.base import Block, Repeat
+from fold.blocks.types import (
+    BroadcastSequenceType,
+    PyObjectType,
+    SequenceType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+    convert_to_type,
+)
+
+__all__ = [
+    "Tensor",
+    "Scalar",
+    "Vector",
+    "FromTensor",
+    "InputTransform",
+    "OneHot",
+    "OneHotFromList",
+    "Optional",
+    "Identity",
+    "Void",
+    "Zeros",
+]
+
+
+def to_array(x: Any, ttype: TensorType) -> np.ndarray:
+    """Converts a host value to an array of ``ttype``, with errors of their natural type."""
+    if x is None:
+        raise TypeError(f"expected a value for {ttype}, got None")
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"expected a number for {ttype}, got the string {x!r}")
+    arr = np.asarray(x)
+    if arr.dtype == object:
+        raise TypeError(f"expected a number or array for {ttype}, got {type(x).__name__} {x!r}")
+    if arr.dtype.kind in "USV":
+        raise ValueError(f"expected numbers for {ttype}, got {x!r}")
+    if arr.shape != ttype.shape:
+        raise ValueError(f"expected shape {ttype.shape} for {ttype}, got shape {arr.shape}: {x!r}")
+    target = np.dtype(ttype.dtype)
+    if target.kind in "iu" and arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            raise ValueError(f"expected integers for {ttype}, got {x!r}")
+    if target.kind in "iu" and arr.dtype.kind in "iu" and arr.size:
+        info = np.iinfo(target)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise ValueError(f"value {x!r} does not fit in {ttype.dtype}")
+    if target.kind == "b" and arr.dtype.kind != "b":
+        raise ValueError(f"expected booleans for {ttype}, got {x!r}")
+    return arr.astype(target)
+
+
+class Tensor(Block):
+    """Converts its (Python) input to a tensor of ``shape`` and ``dtype``.
+
+    >>> import fold as fd
+    >>> fd.Tensor((2,)).eval([1, 2])
+    array([1., 2.], dtype=float32)
+    """
+
+    _leaf = True
+
+    def __init__(self, shape: Any, dtype: Any = "float32", name: str | None = None):
+        self._ttype = TensorType(shape, dtype)
+        super().__init__(name, PyObjectType(), self._ttype)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> int:
+        return ctx.const(self._ttype, to_array(x, self._ttype))
+
+
+def Scalar(dtype: Any = "float32", name: str | None = None) -> Tensor:
+    """Converts its input to a scalar tensor."""
+    return Tensor((), dtype, name)
+
+
+def Vector(size: int, dtype: Any = "float32", name: str | None = None) -> Tensor:
+    """Converts its input to a vector of ``size`` elements."""
+    return Tensor((size,), dtype, name)
+
+
+class FromTensor(Block):
+    """A constant: the given NumPy (or JAX) array, whatever the input."""
+
+    _leaf = True
+
+    def __init__(self, tensor: Any, name: str | None = None):
+        arr = np.asarray(tensor)
+        if arr.dtype == object or arr.dtype.kind in "USV":
+            raise TypeError(f"FromTensor needs a numeric array, got {tensor!r}")
+        self._ttype = TensorType(arr.shape, arr.dtype)
+        self._value = arr.astype(self._ttype.dtype)
+        super().__init__(name, None, self._ttype)
+
+    @property
+    def tensor(self) -> np.ndarray:
+        return self._value
+
+    def _host_leaf(self, x: Any, ctx: Any) -> int:
+        return ctx.const_shared(self, self._ttype, self._value)
+
+
+class InputTransform(Block):
+    """A Python function applied to the host input (free: no device work)."""
+
+    _leaf = True
+
+    def __init__(self, py_fn: Callable[[Any], Any], name: str | None = None):
+        if not callable(py_fn):
+            raise TypeError(f"InputTransform needs a callable, got {py_fn!r}")
+        self.py_fn = py_fn
+        super().__init__(name, PyObjectType(), PyObjectType())
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        return self.py_fn(x)
+
+
+class OneHot(Block):
+    """One-hot encodes an int in ``range(start, stop)`` (``range(start)`` if no stop)."""
+
+    _leaf = True
+
+    def __init__(self, start: int, stop: int | None = None, dtype: Any = "float32", name: str | None = None):
+        if stop is None:
+            start, stop = 0, start
+        if stop <= start:
+            raise ValueError(f"OneHot needs a non-empty range, got [{start}, {stop})")
+        self.start, self.stop = int(start), int(stop)
+        self._ttype = TensorType((self.stop - self.start,), dtype)
+        super().__init__(name, PyObjectType(), self._ttype)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> int:
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"OneHot expects an int in [{self.start}, {self.stop}), got {x!r}")
+        if not self.start <= x < self.stop:
+            raise KeyError(f"OneHot: {x!r} is outside [{self.start}, {self.stop})")
+        arr = np.zeros(self._ttype.shape, self._ttype.dtype)
+        arr[int(x) - self.start] = 1
+        return ctx.const(self._ttype, arr)
+
+
+class OneHotFromList(Block):
+    """One-hot encodes an element of ``elements`` by its position.
+
+    With ``strict=False`` an unknown element gives the zero vector; with
+    ``strict=True`` (default) it is a KeyError.
+    """
+
+    _leaf = True
+
+    def __init__(self, elements: Iterable[Any], dtype: Any = "float32", strict: bool = True,
+                 name: str | None = None):
+        self.elements = list(elements)
+        if not self.elements:
+            raise ValueError("OneHotFromList needs at least one element")
+        self._index: dict = {}
+        for i, e in enumerate(self.elements):
+            if e in self._index:
+                raise ValueError(f"OneHotFromList: duplicate element {e!r}")
+            self._index[e] = i
+        self.strict = strict
+        self._ttype = TensorType((len(self.elements),), dtype)
+        super().__init__(name, PyObjectType(), self._ttype)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> int:
+        arr = np.zeros(self._ttype.shape, self._ttype.dtype)
+        i = self._index.get(x)
+        if i is None:
+            if self.strict:
+                raise KeyError(f"OneHotFromList: {x!r} is not one of {self.elements!r}")
+        else:
+            arr[i] = 1
+        return ctx.const(self._ttype, arr)
+
+
+class Identity(Block):
+    """Returns its input unchanged."""
+
+    _leaf = True
+
+    def _infer(self) -> None:
+        self._same(self, "input", self, "output")
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+class Void(Block):
+    """Accepts any input and outputs void."""
+
+    _leaf = True
+
+    def __init__(self, name: str | None = None):
+        super().__init__(name, None, VoidType())
+
+    def _host_leaf(self, x: Any, ctx: Any) -> None:
+        return None
+
+
+def zeros_value(t: Type, ctx: Any) -> Any:
+    """The host value of zeros of type ``t`` (empty sequence for sequences)."""
+    if isinstance(t, TensorType):
+        return ctx.zeros(t)
+    if isinstance(t, TupleType):
+        return tuple(zeros_value(i, ctx) for i in t)
+    if isinstance(t, VoidType):
+        return None
+    if isinstance(t, BroadcastSequenceType):
+        return Repeat(zeros_value(t.element_type, ctx))
+    if isinstance(t, SequenceType):
+        return []
+    raise TypeError(f"no zeros of {t}")
+
+
+def _check_zeroable(t: Type) -> None:
+    if isinstance(t, PyObjectType):
+        raise TypeError(f"Zeros cannot make a value of {t}")
+    if isinstance(t, TupleType):
+        for i in t:
+            _check_zeroable(i)
+    if isinstance(t, SequenceType):
+        _check_zeroable(t.element_type)
+
+
+class Zeros(Block):
+    """Zeros of ``output_type`` (voids and empty sequences where those appear)."""
+
+    _leaf = True
+
+    def __init__(self, output_type: Any, name: str | None = None):
+        t = convert_to_type(output_type)
+        _check_zeroable(t)
+        super().__init__(name, None, t)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        return zeros_value(self.output_type, ctx)
+
+
+class Optional(Block):
+    """``some_case(x)`` if ``x`` is not None, else ``none_case`` (default: zeros).
+
+    ``none_case`` gets a void input.
+    """
+
+    def __init__(self, some_case: Any, none_case: Any = None, name: str | None = None):
+        super().__init__(name, PyObjectType())
+        self.some_case = self._adopt(some_case)
+        self.none_case = None if none_case is None else self._adopt(none_case)
+        if self.none_case is not None:
+            self.none_case.set_input_type(VoidType())
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return [b for b in (self.some_case, self.none_case) if b is not None]
+
+    def _infer(self) -> None:
+        if not hasattr(self, "none_case"):
+            return
+        self._same(self, "input", self.some_case, "input")
+        if self.none_case is None and self.output_type is not None:
+            self.none_case = self._adopt(Zeros(self.output_type))
+            self.none_case.set_input_type(VoidType())
+        if self.none_case is None and self.some_case.output_type is not None:
+            self.none_case = self._adopt(Zeros(self.some_case.output_type))
+            self.none_case.set_input_type(VoidType())
+        for case in self.children():
+            self._same(self, "output", case, "output")
+
+    def _host(self, x: Any, ctx: Any):
+        if x is None:
+            return (yield self.none_case, None, "Optional[None]")
+        return (yield self.some_case, x, None)
+

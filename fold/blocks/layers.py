@@ -1,0 +1,181 @@
+"""Layers: parameterised operations whose parameters live in the params pytree.
+
+A layer has a ``name`` (its key in ``params``), ``init(key, input_type)``
+returning its parameters and ``apply(params, *inputs)`` on batched arrays.
+A layer object used in several places shares one set of parameters.
+
+>>> import fold as fd, jax
+>>> class Scale(fd.Layer):
+...     def init(self, key, input_type):
+...         return {"s": jax.numpy.ones(input_type.shape, input_type.dtype)}
+...     def apply(self, params, x):
+...         return params["s"] * x
+>>> model = fd.Vector(2) >> Scale()
+>>> fd.Compiler.create(model).init(jax.random.key(0))["scale"]["s"].shape
+(2,)
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fold.blocks.types import TensorType, TupleType, Type
+
+__all__ = ["Layer", "FC", "Embedding", "snake_case"]
+
+
+def snake_case(name: str) -> str:
+    """``BinaryTreeLSTMCell`` -> ``binary_tree_lstm_cell``; ``FC`` -> ``fc``."""
+    s = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+    return s.lower()
+
+
+class Layer(abc.ABC):
+    """Base class of layers; subclass it and define ``init`` and ``apply``.
+
+    Pass ``name=`` to fix the layer's key in ``params``; otherwise the first
+    ``Compiler.create`` that sees the layer names it from its class
+    (``fc``, ``fc_1``, ...), and the name sticks to the layer object.
+    ``trainable=False`` keeps the parameters in ``params`` with a zero
+    gradient.
+    """
+
+    def __init__(self, name: str | None = None, trainable: bool = True):
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"a layer name must be a non-empty string, got {name!r}")
+        self._name = name
+        self.trainable = trainable
+
+    @property
+    def name(self) -> str | None:
+        """The key of this layer's parameters (None until named by a compiler)."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._name!r})" if self._name else type(self).__name__
+
+    @abc.abstractmethod
+    def init(self, key: jax.Array, input_type: Type) -> Any:
+        """Returns the parameters (a pytree) for inputs of ``input_type``."""
+
+    @abc.abstractmethod
+    def apply(self, params: Any, *inputs: Any) -> Any:
+        """Runs the layer on batched inputs (a top-level tuple input is unpacked)."""
+
+    def check_constant_inputs(self, *inputs: np.ndarray) -> None:  # noqa: B027 (optional hook)
+        """Validates host-known input values at ``build_batch`` (override to check)."""
+
+    def __rshift__(self, other: Any) -> Any:
+        from fold.blocks.tensors import Function
+
+        return Function(self) >> other
+
+    def __rrshift__(self, other: Any) -> Any:
+        from fold.blocks.plumbing import Pipe
+        from fold.blocks.tensors import Function
+
+        return Pipe(other, Function(self))
+
+
+def _float_dtype(t: TensorType) -> str:
+    return t.dtype if np.dtype(t.dtype).kind == "f" else "float32"
+
+
+def _vector_size(layer: Layer, t: Type) -> tuple[int, str]:
+    """Total size of a vector input, or of a tuple of vectors (concatenated)."""
+    items = list(t) if isinstance(t, TupleType) else [t]
+    size, dtype = 0, None
+    for item in items:
+        if not isinstance(item, TensorType) or item.ndim != 1 or np.dtype(item.dtype).kind != "f":
+            raise TypeError(f"{layer!r} takes float vectors (or a tuple of them), not {t}")
+        if dtype is not None and item.dtype != dtype:
+            raise TypeError(f"{layer!r} got mixed dtypes in {t}")
+        size, dtype = size + item.shape[0], item.dtype
+    return size, dtype or "float32"
+
+
+class FC(Layer):
+    """Fully connected layer: ``activation(x @ w + b)``.
+
+    Takes a float vector, or a tuple of vectors which are concatenated.
+    ``initializer`` (JAX-style ``init(key, shape, dtype)``) makes ``w``
+    (default Glorot uniform); ``b`` starts at zero. ``activation=None`` is
+    linear.
+    """
+
+    def __init__(self, num_units_out: int, activation: Callable | None = jax.nn.relu,
+                 initializer: Callable | None = None, name: str | None = None):
+        super().__init__(name)
+        if int(num_units_out) <= 0:
+            raise ValueError(f"FC needs a positive num_units_out, got {num_units_out}")
+        self.num_units_out = int(num_units_out)
+        self.activation = activation
+        self.initializer = initializer or jax.nn.initializers.glorot_uniform()
+
+    def init(self, key: jax.Array, input_type: Type) -> dict:
+        size, dtype = _vector_size(self, input_type)
+        return {
+            "w": self.initializer(key, (size, self.num_units_out), dtype),
+            "b": jnp.zeros((self.num_units_out,), dtype),
+        }
+
+    def apply(self, params: dict, *inputs: jax.Array) -> jax.Array:
+        x = inputs[0] if len(inputs) == 1 else jnp.concatenate(inputs, axis=-1)
+        y = x @ params["w"] + params["b"]
+        return y if self.activation is None else self.activation(y)
+
+
+class Embedding(Layer):
+    """A table of ``num_buckets`` vectors of size ``num_units_out``, indexed by int ids.
+
+    Ids are taken modulo ``num_buckets`` (Python modulo) when ``mod_inputs``;
+    otherwise an out-of-range id known at ``build_batch`` is a ValueError.
+    ``initializer`` is a JAX initializer or an array of shape
+    ``(num_buckets, num_units_out)``; the default is normal with standard
+    deviation 1/sqrt(num_units_out).
+    """
+
+    def __init__(self, num_buckets: int, num_units_out: int, initializer: Any = None,
+                 trainable: bool = True, mod_inputs: bool = True, name: str | None = None):
+        super().__init__(name, trainable)
+        self.num_buckets = int(num_buckets)
+        self.num_units_out = int(num_units_out)
+        if self.num_buckets <= 0 or self.num_units_out <= 0:
+            raise ValueError(f"Embedding needs positive sizes, got {num_buckets} x {num_units_out}")
+        self.mod_inputs = mod_inputs
+        self._table = None
+        if initializer is not None and not callable(initializer):
+            table = np.asarray(initializer)
+            if table.shape != (self.num_buckets, self.num_units_out):
+                raise ValueError(
+                    f"Embedding initializer has shape {table.shape}, expected "
+                    f"{(self.num_buckets, self.num_units_out)}"
+                )
+            self._table = table
+            initializer = None
+        self.initializer = initializer or jax.nn.initializers.normal(1.0 / np.sqrt(self.num_units_out))
+
+    def init(self, key: jax.Array, input_type: Type) -> dict:
+        if not isinstance(input_type, TensorType) or input_type.shape != () or \
+                np.dtype(input_type.dtype).kind not in "iu":
+            raise TypeError(f"{self!r} takes scalar integer ids, not {input_type}")
+        if self._table is not None:
+            return {"table": jnp.asarray(self._table, dtype=jnp.float32)}
+        return {"table": self.initializer(key, (self.num_buckets, self.num_units_out), jnp.float32)}
+
+    def apply(self, params: dict, ids: jax.Array) -> jax.Array:
+        ids = ids.astype(jnp.int32)
+        if self.mod_inputs:
+            ids = jnp.remainder(ids, self.num_buckets)
+        return params["table"][ids]
+
+    def check_constant_inputs(self, ids: np.ndarray) -> None:
+        if not self.mod_inputs and not 0 <= int(ids) < self.num_buckets:
+            raise ValueError(f"{self!r}: id {int(ids)} is outside [0, {self.num_buckets}) and mod_inputs=False")

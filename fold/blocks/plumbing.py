@@ -1,0 +1,288 @@
+"""Host-side plumbing blocks: ``Pipe``, ``Record``, ``AllOf``, ``GetItem``, ``Slice``.
+
+They route values between blocks and cost nothing on the device.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from fold.blocks.base import Block, is_block_like, type_error, unify
+from fold.blocks.types import (
+    BroadcastSequenceType,
+    PyObjectType,
+    SequenceType,
+    TupleType,
+    Type,
+    VoidType,
+    convert_to_type,
+)
+
+__all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
+
+
+def _short(x: Any, limit: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+class Pipe(Block):
+    """``Pipe(a, b, c)`` is ``a >> b >> c``: feeds each block's output to the next.
+
+    >>> import fold as fd
+    >>> float((fd.Scalar() >> fd.Function(lambda x: 2 * x)).eval(3))
+    6.0
+    """
+
+    def __init__(self, *blocks: Any, name: str | None = None):
+        if not blocks:
+            raise ValueError("Pipe needs at least one block")
+        super().__init__(name)
+        self._blocks = [self._adopt(b) for b in blocks]
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return list(self._blocks)
+
+    def _infer(self) -> None:
+        blocks = getattr(self, "_blocks", None)
+        if not blocks:
+            return
+        unify(self, "input", blocks[0], "input")
+        for a, b in zip(blocks, blocks[1:]):
+            unify(a, "output", b, "input")
+        unify(blocks[-1], "output", self, "output")
+
+    def _host(self, x: Any, ctx: Any):
+        for b in self._blocks:
+            x = yield b, x, None
+        return x
+
+
+def _is_key(k: Any) -> bool:
+    return isinstance(k, (int, str, slice)) and not isinstance(k, bool)
+
+
+def _record_fields(named_children: Any) -> list[tuple[Any, Any]]:
+    if isinstance(named_children, OrderedDict):
+        return list(named_children.items())
+    if isinstance(named_children, dict):
+        try:
+            keys = sorted(named_children)
+        except TypeError as e:
+            raise TypeError(f"Record keys must be sortable, got {list(named_children)!r}") from e
+        return [(k, named_children[k]) for k in keys]
+    if isinstance(named_children, (tuple, list)):
+        fields = []
+        for i, item in enumerate(named_children):
+            if (isinstance(item, tuple) and len(item) == 2 and _is_key(item[0])
+                    and is_block_like(item[1])):
+                fields.append(item)
+            else:
+                fields.append((i, item))
+        return fields
+    raise TypeError(f"Record needs a dict or a sequence of blocks, got {named_children!r}")
+
+
+class Record(Block):
+    """Applies a child block to each field of its input; outputs the tuple of results.
+
+    ``Record({'a': a, 'b': b})`` maps ``x`` to ``(a(x['a']), b(x['b']))`` (dict
+    keys sorted; an ``OrderedDict`` keeps its order); ``Record((a, b))`` maps
+    ``x`` to ``(a(x[0]), b(x[1]))``. On a tuple-typed input the keys must be
+    ints or slices.
+    """
+
+    def __init__(self, named_children: Any, name: str | None = None):
+        super().__init__(name)
+        self._plain_dict = isinstance(named_children, dict) and not isinstance(named_children, OrderedDict)
+        self._fields = [(k, self._adopt(b)) for k, b in _record_fields(named_children)]
+        self._infer()
+
+    @property
+    def keys(self) -> list[Any]:
+        return [k for k, _ in self._fields]
+
+    def children(self) -> list[Block]:
+        return [b for _, b in self._fields]
+
+    def _check_input(self, t: Type) -> None:
+        if isinstance(t, TupleType):
+            for k, _ in self._fields:
+                if not isinstance(k, (int, slice)):
+                    raise TypeError(f"{self!r} has key {k!r}, which cannot index a tuple input {t}")
+                if isinstance(k, int) and not -len(t) <= k < len(t):
+                    raise TypeError(f"{self!r} has key {k}, out of range for input {t}")
+        elif not isinstance(t, PyObjectType):
+            raise TypeError(f"{self!r} takes a PyObject or a tuple, not {t}")
+
+    def _infer(self) -> None:
+        fields = getattr(self, "_fields", None)
+        if fields is None:
+            return
+        t = self.input_type
+        for k, b in fields:
+            if isinstance(t, PyObjectType):
+                _set_child(self, t, b, "input", f"field {k!r}")
+            elif isinstance(t, TupleType):
+                _set_child(self, t[k], b, "input", f"field {k!r}")
+        outs = [b.output_type for _, b in fields]
+        if all(o is not None for o in outs):
+            _set_child(self, TupleType(*outs), self, "output", "output")
+        elif isinstance(self.output_type, TupleType) and len(self.output_type) == len(fields):
+            for (k, b), o in zip(fields, self.output_type):
+                _set_child(self, o, b, "output", f"field {k!r}")
+
+    def _host(self, x: Any, ctx: Any):
+        out = []
+        for k, b in self._fields:
+            try:
+                v = x[k]
+            except KeyError:
+                raise KeyError(f"{self!r} found no key {k!r} in {_short(x)}") from None
+            except IndexError:
+                raise TypeError(f"{self!r} found no item {k!r} in {_short(x)}") from None
+            except TypeError as e:
+                raise TypeError(f"{self!r} cannot read key {k!r} of {type(x).__name__} {_short(x)}: {e}") from None
+            out.append((yield b, v, f"{type(self).__name__}[{k!r}]"))
+        return tuple(out)
+
+
+def _set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> None:
+    """Sets ``child``'s ``side`` type to ``t``, explaining a conflict with both blocks."""
+    cur = child.input_type if side == "input" else child.output_type
+    if cur is not None:
+        if cur != t:
+            raise type_error(owner, t, child, cur, f"needs {what} of type", f"{side} type of {child!r}")
+        return
+    try:
+        if side == "input":
+            child.set_input_type(t)
+        else:
+            child.set_output_type(t)
+    except TypeError as e:
+        if getattr(e, "_fold_explained", False):
+            raise
+        raise type_error(owner, t, child, "(unknown)", f"gives {what} of type", str(e)) from e
+
+
+class AllOf(Block):
+    """Runs every block on the same input: ``AllOf(a, b)(x) == (a(x), b(x))``."""
+
+    def __init__(self, *blocks: Any, name: str | None = None):
+        super().__init__(name)
+        self._blocks = [self._adopt(b) for b in blocks]
+        if not self._blocks:
+            self.set_output_type(VoidType())
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return list(self._blocks)
+
+    def _infer(self) -> None:
+        blocks = getattr(self, "_blocks", None)
+        if not blocks:
+            return
+        for b in blocks:
+            unify(self, "input", b, "input")
+        outs = [b.output_type for b in blocks]
+        if all(o is not None for o in outs):
+            _set_child(self, TupleType(*outs), self, "output", "output")
+
+    def _host(self, x: Any, ctx: Any):
+        if not self._blocks:
+            return None
+        out = []
+        for i, b in enumerate(self._blocks):
+            out.append((yield b, x, f"AllOf[{i}]"))
+        return tuple(out)
+
+
+def _item_type(owner: Block, t: Type, key: Any) -> Type | None:
+    if isinstance(t, PyObjectType):
+        return t
+    if isinstance(t, TupleType):
+        if isinstance(key, slice):
+            return t[key]
+        if not isinstance(key, int) or not -len(t) <= key < len(t):
+            raise TypeError(f"{owner!r} cannot take item {key!r} of {t}")
+        return t[key]
+    if isinstance(t, SequenceType) and not isinstance(t, BroadcastSequenceType):
+        if isinstance(key, slice):
+            return t
+        if isinstance(key, int):
+            return t.element_type
+    raise TypeError(f"{owner!r} cannot take item {key!r} of {t}")
+
+
+class GetItem(Block):
+    """``x[key]`` on a PyObject, tuple or (finite) sequence; KeyError if missing."""
+
+    _leaf = True
+
+    def __init__(self, key: Any, name: str | None = None):
+        self.key = key
+        super().__init__(name)
+
+    def _path_name(self) -> str:
+        return f"GetItem[{self.key!r}]"
+
+    def _check_input(self, t: Type) -> None:
+        _item_type(self, t, self.key)
+
+    def _infer(self) -> None:
+        if self.input_type is not None:
+            out = _item_type(self, self.input_type, self.key)
+            if out is not None:
+                unify_type(self, out)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        try:
+            return x[self.key]
+        except (KeyError, IndexError):
+            raise KeyError(f"{self!r} found no key {self.key!r} in {_short(x)}") from None
+        except TypeError as e:
+            raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}") from None
+
+
+def unify_type(block: Block, out: Type) -> None:
+    """Sets ``block``'s output type to ``out``, raising a TypeError on conflict."""
+    if block.output_type is None:
+        block.set_output_type(out)
+    elif block.output_type != convert_to_type(out):
+        raise TypeError(f"{block!r} produces {convert_to_type(out)} but its output type is {block.output_type}")
+
+
+class Slice(Block):
+    """Python slicing of a sequence, tuple or PyObject: ``x[start:stop:step]``.
+
+    >>> import fold as fd
+    >>> [float(v) for v in (fd.Map(fd.Scalar()) >> fd.Slice(step=-1)).eval([1, 2, 3])]
+    [3.0, 2.0, 1.0]
+    """
+
+    _leaf = True
+
+    def __init__(self, *args: Any, start: int | None = None, stop: int | None = None,
+                 step: int | None = None, name: str | None = None):
+        if args:
+            raise TypeError("Slice takes keyword arguments only: Slice(start=, stop=, step=)")
+        self.key = slice(start, stop, step)
+        super().__init__(name)
+
+    def _check_input(self, t: Type) -> None:
+        if isinstance(t, BroadcastSequenceType) or not isinstance(t, (SequenceType, TupleType, PyObjectType)):
+            raise TypeError(f"{self!r} cannot slice {t}")
+
+    def _infer(self) -> None:
+        t = self.input_type
+        if t is not None:
+            unify_type(self, t[self.key] if isinstance(t, TupleType) else t)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        try:
+            return x[self.key]
+        except TypeError as e:
+            raise TypeError(f"{self!r} cannot slice {type(x).__name__}: {e}") from None
+

@@ -1,0 +1,428 @@
+"""Blocks over sequences: ``Map``, ``Fold``, ``RNN``, ``Reduce`` and friends.
+
+A sequence input may be a ``SequenceType`` value (a list on the host) or a
+PyObject that is iterable (each element a PyObject).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from fold.blocks.base import Block, Repeat, type_error, unify
+from fold.blocks.inputs import Zeros
+from fold.blocks.layers import Layer
+from fold.blocks.plumbing import AllOf, Pipe, _set_child
+from fold.blocks.tensors import Function
+from fold.blocks.types import (
+    BroadcastSequenceType,
+    PyObjectType,
+    SequenceType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+)
+
+__all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Broadcast", "Zip",
+           "ZipWith", "NGrams", "Nth", "Length"]
+
+
+def _element_type(block: Block, t: Type) -> Type:
+    if isinstance(t, PyObjectType):
+        return t
+    if isinstance(t, SequenceType):
+        return t.element_type
+    raise TypeError(f"{block!r} takes a sequence, not {t}")
+
+
+def _as_list(block: Block, x: Any) -> list:
+    if isinstance(x, list):
+        return x
+    if isinstance(x, Repeat):
+        raise TypeError(f"{block!r} cannot iterate over an endless broadcast sequence")
+    if x is None or isinstance(x, (int, float)):
+        raise TypeError(f"{block!r} expected a sequence, got {x!r}")
+    try:
+        return list(x)
+    except TypeError:
+        raise TypeError(f"{block!r} expected a sequence, got {type(x).__name__}") from None
+
+
+def _finite(block: Block, t: Type) -> None:
+    if isinstance(t, BroadcastSequenceType):
+        raise TypeError(f"{block!r} needs a finite sequence, not {t}")
+    _element_type(block, t)
+
+
+class Map(Block):
+    """Applies ``elem_block`` to every element: ``[f(x) for x in xs]``.
+
+    >>> import fold as fd
+    >>> [float(v) for v in fd.Map(fd.Scalar()).eval([1, 2])]
+    [1.0, 2.0]
+    """
+
+    def __init__(self, elem_block: Any, name: str | None = None):
+        super().__init__(name)
+        self.element_block = self._adopt(elem_block)
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return [self.element_block]
+
+    def _check_input(self, t: Type) -> None:
+        _element_type(self, t)
+
+    def _infer(self) -> None:
+        elem = getattr(self, "element_block", None)
+        if elem is None:
+            return
+        t = self.input_type
+        if t is not None:
+            _set_child(self, _element_type(self, t), elem, "input", "elements")
+        elif elem.input_type is not None and not isinstance(elem.input_type, PyObjectType):
+            self.set_input_type(SequenceType(elem.input_type))
+        if elem.output_type is not None and self.input_type is not None:
+            kind = BroadcastSequenceType if isinstance(self.input_type, BroadcastSequenceType) else SequenceType
+            _set_child(self, kind(elem.output_type), self, "output", "output")
+        elif isinstance(self.output_type, SequenceType):
+            _set_child(self, self.output_type.element_type, elem, "output", "elements")
+
+    def _host(self, x: Any, ctx: Any):
+        if isinstance(x, Repeat):
+            return Repeat((yield self.element_block, x.value, "Map[*]"))
+        out = []
+        for i, v in enumerate(_as_list(self, x)):
+            out.append((yield self.element_block, v, f"Map[{i}]"))
+        return out
+
+
+def _void_input(owner: Block, child: Block) -> None:
+    _set_child(owner, VoidType(), child, "input", "a void input")
+
+
+class Fold(Block):
+    """Left fold: ``combine_block((... combine_block((start, x0), x1) ...), xn)``.
+
+    ``start_block`` gets a void input; ``combine_block`` takes
+    ``(accumulator, element)``. Over n elements the depth is n.
+    """
+
+    def __init__(self, combine_block: Any, start_block: Any, name: str | None = None):
+        super().__init__(name)
+        self.combine_block = self._adopt(combine_block)
+        self.start_block = self._adopt(start_block)
+        _void_input(self, self.start_block)
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return [self.combine_block, self.start_block]
+
+    def _check_input(self, t: Type) -> None:
+        _finite(self, t)
+
+    def _infer(self) -> None:
+        if not hasattr(self, "start_block"):
+            return
+        unify(self.start_block, "output", self, "output")
+        unify(self.combine_block, "output", self, "output")
+        acc = self.output_type
+        if acc is not None and self.input_type is not None:
+            _set_child(self, TupleType(acc, _element_type(self, self.input_type)), self.combine_block,
+                       "input", "(accumulator, element)")
+
+    def _host(self, x: Any, ctx: Any):
+        xs = _as_list(self, x)
+        acc = yield self.start_block, None, "Fold[start]"
+        for i, v in enumerate(xs):
+            acc = yield self.combine_block, (acc, v), f"Fold[{i}]"
+        return acc
+
+
+def _with_dtype(t: Type, dtype: str) -> Type:
+    if isinstance(t, TensorType):
+        return TensorType(t.shape, dtype)
+    if isinstance(t, TupleType):
+        return TupleType(*[_with_dtype(i, dtype) for i in t])
+    return t
+
+
+class RNN(Block):
+    """Runs ``cell`` over a sequence: ``(outputs, final_state)``.
+
+    The cell takes ``(element, state)`` and returns ``(output, state)``. The
+    input is the sequence, or ``(sequence, initial_state)`` when
+    ``initial_state_from_input``; otherwise the state starts from
+    ``initial_state`` (a block or array) or zeros of the cell's state type.
+    """
+
+    def __init__(self, cell: Any, initial_state: Any = None, initial_state_from_input: bool = False,
+                 name: str | None = None):
+        if initial_state_from_input and initial_state is not None:
+            raise ValueError("RNN: pass initial_state or initial_state_from_input=True, not both")
+        super().__init__(name)
+        self._cell_layer = cell if isinstance(cell, Layer) else None
+        self.cell = self._adopt(cell)
+        self.from_input = initial_state_from_input
+        self.initial_state = None if initial_state is None else self._adopt(initial_state)
+        if self.initial_state is not None:
+            _void_input(self, self.initial_state)
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return [b for b in (self.cell, self.initial_state) if b is not None]
+
+    def _check_input(self, t: Type) -> None:
+        if self.from_input:
+            if not isinstance(t, TupleType) or len(t) != 2:
+                raise TypeError(f"{self!r} with initial_state_from_input takes (sequence, state), not {t}")
+            _finite(self, t[0])
+        else:
+            _finite(self, t)
+
+    def _state_type(self) -> Type | None:
+        if self.from_input:
+            return self.input_type[1] if isinstance(self.input_type, TupleType) else None
+        if self.initial_state is not None:
+            return self.initial_state.output_type
+        out = self.cell.output_type
+        if isinstance(out, TupleType) and len(out) == 2:
+            return out[1]
+        return None
+
+    def _infer(self) -> None:
+        if not hasattr(self, "from_input"):
+            return
+        t = self.input_type
+        seq = (t[0] if isinstance(t, TupleType) else None) if self.from_input else t
+        elem = _element_type(self, seq) if seq is not None else None
+        if (not self.from_input and self.initial_state is None and elem is not None
+                and isinstance(elem, TensorType) and hasattr(self._cell_layer, "state_type")):
+            state = _with_dtype(self._cell_layer.state_type, elem.dtype)  # type: ignore[union-attr]
+            self.initial_state = self._adopt(Zeros(state))
+            _void_input(self, self.initial_state)
+        state = self._state_type()
+        if elem is not None and state is not None:
+            _set_child(self, TupleType(elem, state), self.cell, "input", "(element, state)")
+        out = self.cell.output_type
+        if isinstance(out, TupleType) and len(out) == 2:
+            if state is not None and out[1] != state:
+                raise type_error(self.cell, out[1], self, state, "returns state of type", "state type")
+            _set_child(self, TupleType(SequenceType(out[0]), out[1]), self, "output", "output")
+
+    def _host(self, x: Any, ctx: Any):
+        if self.from_input:
+            if not isinstance(x, tuple) or len(x) != 2:
+                raise TypeError(f"{self!r} expected (sequence, state), got {x!r}")
+            seq, state = x
+        else:
+            seq = x
+            state = yield self.initial_state, None, "RNN[initial_state]"
+        outs = []
+        for i, v in enumerate(_as_list(self, seq)):
+            out, state = yield self.cell, (v, state), f"RNN[{i}]"
+            outs.append(out)
+        return outs, state
+
+
+class Reduce(Block):
+    """Combines a sequence as a balanced tree (depth ceil(log2 n)).
+
+    ``Reduce(g)([x1..xn]) = g(Reduce([x1..x_{n//2}]), Reduce([x_{n//2+1}..xn]))``;
+    an empty sequence gives ``default_block`` (zeros if None).
+    """
+
+    def __init__(self, combine_block: Any, default_block: Any = None, name: str | None = None):
+        super().__init__(name)
+        self.combine_block = self._adopt(combine_block)
+        self.default_block = None if default_block is None else self._adopt(default_block)
+        if self.default_block is not None:
+            _void_input(self, self.default_block)
+        self._infer()
+
+    def children(self) -> list[Block]:
+        return [b for b in (self.combine_block, self.default_block) if b is not None]
+
+    def _check_input(self, t: Type) -> None:
+        _finite(self, t)
+
+    def _infer(self) -> None:
+        if not hasattr(self, "default_block"):
+            return
+        if self.input_type is not None:
+            elem = _element_type(self, self.input_type)
+            if not isinstance(elem, PyObjectType):
+                _set_child(self, elem, self, "output", "output")
+                _set_child(self, TupleType(elem, elem), self.combine_block, "input", "pairs of elements")
+        unify(self.combine_block, "output", self, "output")
+        if self.output_type is not None:
+            if self.default_block is None:
+                self.default_block = self._adopt(Zeros(self.output_type))
+                _void_input(self, self.default_block)
+            unify(self.default_block, "output", self, "output")
+
+    def _reduce(self, xs: list):
+        if len(xs) == 1:
+            return xs[0]
+        half = len(xs) // 2
+        left = yield from self._reduce(xs[:half])
+        right = yield from self._reduce(xs[half:])
+        return (yield self.combine_block, (left, right), "Reduce")
+
+    def _host(self, x: Any, ctx: Any):
+        xs = _as_list(self, x)
+        if not xs:
+            return (yield self.default_block, None, "Reduce[default]")
+        return (yield from self._reduce(xs))
+
+
+def Sum(name: str | None = None) -> Reduce:
+    """Sums a sequence of tensors (zeros if empty)."""
+    return Reduce(Function(jnp.add), name=name)
+
+
+def Min(name: str | None = None) -> Reduce:
+    """Element-wise minimum of a sequence of tensors (zeros if empty)."""
+    return Reduce(Function(jnp.minimum), name=name)
+
+
+def Max(name: str | None = None) -> Reduce:
+    """Element-wise maximum of a sequence of tensors (zeros if empty)."""
+    return Reduce(Function(jnp.maximum), name=name)
+
+
+def _mean(total: Any, count: Any) -> Any:
+    count = jnp.maximum(count, 1).astype(total.dtype)
+    return total / count.reshape(count.shape + (1,) * (total.ndim - 1))
+
+
+def Mean(name: str | None = None) -> Pipe:
+    """Mean of a sequence of tensors (zeros if empty): ``Sum`` plus one level."""
+    return Pipe(AllOf(Sum(), Length()), Function(_mean), name=name)
+
+
+class Broadcast(Block):
+    """Turns a value into an endless sequence of it (for ``Zip``)."""
+
+    _leaf = True
+
+    def _infer(self) -> None:
+        if self.input_type is not None:
+            _set_child(self, BroadcastSequenceType(self.input_type), self, "output", "output")
+        elif isinstance(self.output_type, BroadcastSequenceType):
+            self.set_input_type(self.output_type.element_type)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Repeat:
+        return Repeat(x)
+
+
+class Zip(Block):
+    """A tuple of sequences to a sequence of tuples, as long as the shortest.
+
+    Broadcast sequences repeat; at least one input must be finite.
+    """
+
+    _leaf = True
+
+    def _check_input(self, t: Type) -> None:
+        if isinstance(t, PyObjectType):
+            return
+        if not isinstance(t, TupleType) or len(t) == 0 or not all(isinstance(i, SequenceType) for i in t):
+            raise TypeError(f"{self!r} takes a tuple of sequences, not {t}")
+        if all(isinstance(i, BroadcastSequenceType) for i in t):
+            raise TypeError(f"{self!r} needs at least one finite sequence, got {t}")
+
+    def _infer(self) -> None:
+        t = self.input_type
+        if isinstance(t, TupleType):
+            _set_child(self, SequenceType(TupleType(*[i.element_type for i in t])), self, "output", "output")
+        elif isinstance(t, PyObjectType):
+            _set_child(self, t, self, "output", "output")
+
+    def _host_leaf(self, x: Any, ctx: Any) -> list:
+        if not isinstance(x, (tuple, list)):
+            raise TypeError(f"{self!r} expected a tuple of sequences, got {type(x).__name__}")
+        seqs = [s if isinstance(s, Repeat) else _as_list(self, s) for s in x]
+        lengths = [len(s) for s in seqs if not isinstance(s, Repeat)]
+        if not lengths:
+            raise TypeError(f"{self!r} needs at least one finite sequence")
+        return [tuple(s.value if isinstance(s, Repeat) else s[i] for s in seqs) for i in range(min(lengths))]
+
+
+def ZipWith(elem_block: Any, name: str | None = None) -> Pipe:
+    """``Zip() >> Map(elem_block)``."""
+    return Pipe(Zip(), Map(elem_block), name=name)
+
+
+class NGrams(Block):
+    """The sequence of n-tuples of consecutive elements."""
+
+    _leaf = True
+
+    def __init__(self, n: int, name: str | None = None):
+        if int(n) <= 0:
+            raise ValueError(f"NGrams needs n >= 1, got {n}")
+        self.n = int(n)
+        super().__init__(name)
+
+    def _check_input(self, t: Type) -> None:
+        _finite(self, t)
+
+    def _infer(self) -> None:
+        if self.input_type is not None:
+            elem = _element_type(self, self.input_type)
+            _set_child(self, SequenceType(TupleType(*[elem] * self.n)), self, "output", "output")
+
+    def _host_leaf(self, x: Any, ctx: Any) -> list:
+        xs = _as_list(self, x)
+        return [tuple(xs[i:i + self.n]) for i in range(len(xs) - self.n + 1)]
+
+
+class Nth(Block):
+    """``(sequence, n) -> sequence[n]`` where ``n`` is a Python int."""
+
+    _leaf = True
+
+    def _check_input(self, t: Type) -> None:
+        if not isinstance(t, TupleType) or len(t) != 2:
+            raise TypeError(f"{self!r} takes a (sequence, index) pair, not {t}")
+        _finite(self, t[0])
+        if not isinstance(t[1], PyObjectType):
+            raise TypeError(f"{self!r} takes a Python int index, not {t[1]}")
+
+    def _infer(self) -> None:
+        if isinstance(self.input_type, TupleType):
+            _set_child(self, _element_type(self, self.input_type[0]), self, "output", "output")
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        seq, n = x
+        xs = _as_list(self, seq)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"{self!r} needs an int index, got {n!r}")
+        if not -len(xs) <= n < len(xs):
+            raise KeyError(f"{self!r}: index {n} is out of range for a sequence of {len(xs)}")
+        return xs[n]
+
+
+class Length(Block):
+    """The length of a sequence (or tuple) as a scalar constant of ``dtype``."""
+
+    _leaf = True
+
+    def __init__(self, dtype: Any = "float32", name: str | None = None):
+        self._ttype = TensorType((), dtype)
+        super().__init__(name, None, self._ttype)
+
+    def _check_input(self, t: Type) -> None:
+        if isinstance(t, TupleType):
+            return
+        _finite(self, t)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> int:
+        import numpy as np
+
+        n = len(x) if isinstance(x, (list, tuple)) else len(_as_list(self, x))
+        return ctx.const(self._ttype, np.asarray(n, self._ttype.dtype))
+

@@ -1,0 +1,230 @@
+"""Blocks that run on the device: ``Function`` (and layers) and ``Concat``.
+
+Each distinct function (or layer) and input type is one *operation*; all
+its calls at the same depth of a batch's schedule run as one batched call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fold.blocks.base import Block
+from fold.blocks.layers import Layer
+from fold.blocks.types import TensorType, TupleType, Type, VoidType
+
+__all__ = ["Function", "Concat", "OpSpec", "flatten_value", "unflatten_value"]
+
+# An odd batch size for shape inference, so that a function reducing over
+# the batch is caught instead of matching by accident.
+_PROBE_BATCH = 7
+
+
+class OpSpec:
+    """What the compiler needs to run one operation on batched arrays.
+
+    ``key`` identifies the operation (calls with equal keys are batched
+    together); ``fn(params, *flat_inputs)`` returns the flat list of outputs.
+    """
+
+    def __init__(self, key: Any, label: str, in_type: Type, out_type: Type,
+                 fn: Callable[..., list], layer: Layer | None = None):
+        self.key = key
+        self.label = label
+        self.in_type = in_type
+        self.out_type = out_type
+        self.in_types = in_type.tensor_leaves()
+        self.out_types = out_type.tensor_leaves()
+        self.fn = fn
+        self.layer = layer
+
+
+def flatten_value(v: Any) -> list:
+    """The tensor ids of a host value made of tensors, tuples and voids, in order."""
+    if isinstance(v, tuple):
+        return [i for item in v for i in flatten_value(item)]
+    if v is None:
+        return []
+    return [v]
+
+
+def unflatten_value(t: Type, flat: list, pos: int = 0) -> tuple[Any, int]:
+    """Rebuilds a value of type ``t`` from ``flat[pos:]``; returns it and the next position."""
+    if isinstance(t, TensorType):
+        return flat[pos], pos + 1
+    if isinstance(t, TupleType):
+        items = []
+        for item in t:
+            v, pos = unflatten_value(item, flat, pos)
+            items.append(v)
+        return tuple(items), pos
+    if isinstance(t, VoidType):
+        return None, pos
+    raise TypeError(f"{t} is not made of tensors and tuples")
+
+
+def call_args(in_type: Type, flat: list) -> tuple:
+    """Positional arguments for a function: a top-level tuple is unpacked."""
+    if isinstance(in_type, TupleType):
+        return unflatten_value(in_type, flat)[0]
+    return (unflatten_value(in_type, flat)[0],)
+
+
+def _check_tensor_input(block: Block, t: Type) -> None:
+    try:
+        leaves = t.tensor_leaves()
+    except TypeError:
+        raise TypeError(f"{block!r} takes tensors and tuples of tensors, not {t}") from None
+    if not leaves:
+        raise TypeError(f"{block!r} needs at least one tensor input, got {t}")
+
+
+def result_type(block: Block, result: Any) -> Type:
+    """The fold type of a batched ``jax.eval_shape`` result."""
+    if isinstance(result, jax.ShapeDtypeStruct):
+        if result.ndim == 0 or result.shape[0] != _PROBE_BATCH:
+            raise TypeError(
+                f"{block!r} returned shape {result.shape} for a batch of {_PROBE_BATCH}: the leading "
+                "dimension must be the batch (functions get and return batched arrays)"
+            )
+        return TensorType(result.shape[1:], result.dtype)
+    if isinstance(result, (tuple, list)):
+        return TupleType(*[result_type(block, r) for r in result])
+    raise TypeError(f"{block!r} must return arrays or tuples of arrays, got {type(result).__name__}")
+
+
+def _probe_args(in_type: Type) -> tuple:
+    structs = [jax.ShapeDtypeStruct((_PROBE_BATCH, *t.shape), t.dtype) for t in in_type.tensor_leaves()]
+    return call_args(in_type, structs)
+
+
+class Function(Block):
+    """A JAX function (or a ``fd.Layer``) on batched arrays, as a block.
+
+    ``fn`` receives arrays with a leading batch dimension and returns an
+    array or a tuple of arrays with the same leading dimension; a tuple
+    input is passed as positional arguments. The output type is inferred
+    with ``jax.eval_shape``.
+
+    >>> import fold as fd, jax.numpy as jnp
+    >>> (fd.Vector(2) >> fd.Function(jnp.tanh)).output_type
+    TensorType((2,), 'float32')
+    """
+
+    _leaf = True
+
+    def __init__(self, fn: Callable | Layer, name: str | None = None):
+        if not callable(fn) and not isinstance(fn, Layer):
+            raise TypeError(f"Function needs a callable or a fd.Layer, got {fn!r}")
+        self.fn = fn
+        self.layer = fn if isinstance(fn, Layer) else None
+        super().__init__(name)
+
+    def __repr__(self) -> str:
+        if self._name:
+            return f"Function({self._name!r})"
+        if self.layer is not None:
+            return f"Function({type(self.layer).__name__})"
+        return f"Function({getattr(self.fn, '__name__', type(self.fn).__name__)})"
+
+    def _check_input(self, t: Type) -> None:
+        _check_tensor_input(self, t)
+
+    def _infer(self) -> None:
+        if self.input_type is not None and self.output_type is None:
+            self.set_output_type(self._output_for(self.input_type))
+
+    def _output_for(self, t: Type) -> Type:
+        args = _probe_args(t)
+        try:
+            if self.layer is not None:
+                layer = self.layer
+                pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
+                res = jax.eval_shape(lambda p, *a: layer.apply(p, *a), pshape, *args)
+            else:
+                res = jax.eval_shape(self.fn, *args)
+        except TypeError as e:
+            raise TypeError(f"{self!r} cannot be applied to input type {t}: {e}") from None
+        except Exception as e:  # shape errors surface as ValueError etc. from user code
+            raise TypeError(f"{self!r} cannot be applied to input type {t}: {type(e).__name__}: {e}") from None
+        return result_type(self, res)
+
+    def op_spec(self) -> OpSpec:
+        """The operation this block runs (its types must be known)."""
+        in_type, out_type = self.input_type, self.output_type
+        assert in_type is not None and out_type is not None
+        layer, fn = self.layer, self.fn
+
+        if layer is not None:
+            def run(params: Any, *flat: Any) -> list:
+                return jax.tree_util.tree_leaves(layer.apply(params, *call_args(in_type, list(flat))))
+            return OpSpec((layer, in_type), repr(self), in_type, out_type, run, layer)
+
+        def run_fn(params: Any, *flat: Any) -> list:
+            return jax.tree_util.tree_leaves(fn(*call_args(in_type, list(flat))))
+        return OpSpec((fn, in_type), repr(self), in_type, out_type, run_fn)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        return ctx.call(self, x)
+
+
+class Concat(Block):
+    """Concatenates a tuple of tensors along ``concat_dim`` (not counting the batch).
+
+    With ``flatten=True`` nested tuples are flattened first; otherwise a
+    nested tuple is a TypeError.
+    """
+
+    _leaf = True
+
+    def __init__(self, concat_dim: int = 0, flatten: bool = False, name: str | None = None):
+        self.concat_dim = int(concat_dim)
+        self.flatten = bool(flatten)
+        super().__init__(name)
+
+    def _check_input(self, t: Type) -> None:
+        self._output_for(t)
+
+    def _output_for(self, t: Type) -> TensorType:
+        if not isinstance(t, TupleType) or len(t) == 0:
+            raise TypeError(f"{self!r} takes a non-empty tuple of tensors, not {t}")
+        if not self.flatten and not all(isinstance(i, TensorType) for i in t):
+            raise TypeError(f"{self!r} got nested tuples in {t}; use Concat(flatten=True)")
+        try:
+            leaves = t.tensor_leaves()
+        except TypeError:
+            raise TypeError(f"{self!r} takes tensors, not {t}") from None
+        if not leaves:
+            raise TypeError(f"{self!r} got no tensors in {t}")
+        first = leaves[0]
+        d = self.concat_dim
+        for leaf in leaves:
+            if leaf.dtype != first.dtype:
+                raise TypeError(f"{self!r} cannot concatenate dtypes {first.dtype} and {leaf.dtype} in {t}")
+            if leaf.ndim != first.ndim or not 0 <= d < leaf.ndim:
+                raise TypeError(f"{self!r} cannot concatenate {t} along dimension {d}: ranks differ or are too small")
+            if leaf.shape[:d] != first.shape[:d] or leaf.shape[d + 1:] != first.shape[d + 1:]:
+                raise TypeError(f"{self!r} cannot concatenate shapes {[x.shape for x in leaves]} along dimension {d}")
+        shape = list(first.shape)
+        shape[d] = sum(leaf.shape[d] for leaf in leaves)
+        return TensorType(shape, first.dtype)
+
+    def _infer(self) -> None:
+        if self.input_type is not None and self.output_type is None:
+            self.set_output_type(self._output_for(self.input_type))
+
+    def op_spec(self) -> OpSpec:
+        in_type, out_type = self.input_type, self.output_type
+        assert in_type is not None and out_type is not None
+        axis = self.concat_dim + 1
+
+        def run(params: Any, *flat: Any) -> list:
+            return [jnp.concatenate(flat, axis=axis)]
+        return OpSpec(("concat", axis, in_type), repr(self), in_type, out_type, run)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        return ctx.call(self, x)
+

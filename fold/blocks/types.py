@@ -1,0 +1,246 @@
+"""The static types of fold blocks.
+
+Every block has an input type and an output type, drawn from:
+
+* ``TensorType(shape, dtype)``: a tensor; ``shape`` excludes the batch dim.
+* ``TupleType(*items)``: a fixed-size tuple of types.
+* ``SequenceType(elem)``: a sequence of any length.
+* ``BroadcastSequenceType(elem)``: one element repeated forever.
+* ``PyObjectType()``: any host Python object (the input of a model).
+* ``VoidType()``: the unit type.
+
+Types are immutable, hashable and compare structurally.
+
+>>> TensorType((3,)) == convert_to_type((3,))
+True
+>>> TupleType(TensorType(()), PyObjectType())
+TupleType(TensorType((), 'float32'), PyObjectType())
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = [
+    "Type",
+    "TensorType",
+    "TupleType",
+    "SequenceType",
+    "BroadcastSequenceType",
+    "PyObjectType",
+    "VoidType",
+    "convert_to_type",
+    "canonical_dtype",
+]
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """Returns the dtype name JAX will really use (64-bit -> 32-bit when x64 is off)."""
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"not a dtype: {dtype!r}") from e
+    return str(jax.dtypes.canonicalize_dtype(np_dtype))
+
+
+class Type(abc.ABC):
+    """Base class of fold types."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def _key(self) -> tuple:
+        """The structural identity used for equality and hashing."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+    def tensor_leaves(self) -> list[TensorType]:
+        """The tensor types inside a type made only of tensors, tuples and voids."""
+        raise TypeError(f"{self} is not made of tensors and tuples")
+
+
+class TensorType(Type):
+    """A tensor of a fixed ``shape`` (without batch dimension) and ``dtype``."""
+
+    __slots__ = ("_shape", "_dtype")
+
+    def __init__(self, shape: Any = (), dtype: Any = "float32"):
+        if isinstance(shape, (int, np.integer)):
+            raise TypeError(f"TensorType shape must be a tuple or list of ints, got {shape!r}")
+        try:
+            dims = tuple(shape)
+        except TypeError as e:
+            raise TypeError(f"TensorType shape must be a tuple or list of ints, got {shape!r}") from e
+        for d in dims:
+            if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+                raise TypeError(f"TensorType shape must hold non-negative ints, got {shape!r}")
+        self._shape = tuple(int(d) for d in dims)
+        self._dtype = canonical_dtype(dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> str:
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def _key(self) -> tuple:
+        return (self._shape, self._dtype)
+
+    def tensor_leaves(self) -> list[TensorType]:
+        return [self]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.zeros(self._shape, dtype=dtype or self._dtype)
+
+    def __repr__(self) -> str:
+        return f"TensorType({self._shape!r}, {self._dtype!r})"
+
+
+class TupleType(Type):
+    """A fixed-size tuple; supports ``len``, indexing, slicing and iteration."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, *item_types: Any):
+        if len(item_types) == 1 and not isinstance(item_types[0], Type) and isinstance(
+            item_types[0], (list, tuple)
+        ) and all(isinstance(t, Type) for t in item_types[0]):
+            item_types = tuple(item_types[0])
+        self._items = tuple(convert_to_type(t) for t in item_types)
+
+    @property
+    def item_types(self) -> tuple[Type, ...]:
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Type]:
+        return iter(self._items)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return TupleType(*self._items[key])
+        return self._items[key]
+
+    def _key(self) -> tuple:
+        return self._items
+
+    def tensor_leaves(self) -> list[TensorType]:
+        return [leaf for t in self._items for leaf in t.tensor_leaves()]
+
+    def __repr__(self) -> str:
+        return "TupleType(" + ", ".join(repr(t) for t in self._items) + ")"
+
+
+class SequenceType(Type):
+    """A sequence of any length whose elements all have ``element_type``."""
+
+    __slots__ = ("_elem",)
+
+    def __init__(self, element_type: Any):
+        self._elem = convert_to_type(element_type)
+
+    @property
+    def element_type(self) -> Type:
+        return self._elem
+
+    def _key(self) -> tuple:
+        return (self._elem,)
+
+    def __repr__(self) -> str:
+        return f"SequenceType({self._elem!r})"
+
+
+class BroadcastSequenceType(SequenceType):
+    """An endless repetition of one element (the output of ``Broadcast``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"BroadcastSequenceType({self._elem!r})"
+
+
+class PyObjectType(Type):
+    """Any host Python object."""
+
+    __slots__ = ()
+
+    def _key(self) -> tuple:
+        return ()
+
+    def __repr__(self) -> str:
+        return "PyObjectType()"
+
+
+class VoidType(Type):
+    """The unit type: carries no value."""
+
+    __slots__ = ()
+
+    def _key(self) -> tuple:
+        return ()
+
+    def tensor_leaves(self) -> list[TensorType]:
+        return []
+
+    def __repr__(self) -> str:
+        return "VoidType()"
+
+
+def _canonicalize(t: Type) -> Type:
+    """Sequences and non-empty tuples of PyObjects are PyObjects (as in Fold)."""
+    if isinstance(t, SequenceType) and isinstance(t.element_type, PyObjectType):
+        return PyObjectType()
+    if isinstance(t, TupleType) and len(t) > 0 and all(isinstance(i, PyObjectType) for i in t):
+        return PyObjectType()
+    return t
+
+
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, (tuple, list)) and all(
+        isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x
+    )
+
+
+def convert_to_type(x: Any) -> Type:
+    """Converts shorthand to a type.
+
+    * a ``Type`` is returned unchanged (canonicalised);
+    * a tuple or list of ints (including ``()`` and ``[]``) is a float32
+      ``TensorType`` of that shape;
+    * a dtype (string or NumPy dtype) is a scalar ``TensorType`` of it;
+    * any other tuple or list is a ``TupleType`` of its converted items.
+
+    >>> convert_to_type([])
+    TensorType((), 'float32')
+    >>> convert_to_type(((3,), 'int32'))
+    TupleType(TensorType((3,), 'float32'), TensorType((), 'int32'))
+    """
+    if isinstance(x, Type):
+        return _canonicalize(x)
+    if _is_shape(x):
+        return TensorType(x)
+    if isinstance(x, (tuple, list)):
+        return _canonicalize(TupleType(*[convert_to_type(i) for i in x]))
+    if isinstance(x, (str, np.dtype)) or (isinstance(x, type) and issubclass(x, np.generic)):
+        return TensorType((), x)
+    raise TypeError(f"cannot convert {x!r} to a fold type")

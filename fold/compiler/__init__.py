@@ -1,0 +1,1 @@
+"""The compiler: type checking, operations, and the executor."""

@@ -1,0 +1,371 @@
+"""``Compiler``: validates a block tree and runs batches of examples through it.
+
+>>> import fold as fd, jax
+>>> model = fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum()
+>>> compiler = fd.Compiler.create(model)
+>>> batch = compiler.build_batch([[1, 2], [3]])
+>>> compiler.apply(compiler.init(jax.random.key(0)), batch).outputs.tolist()
+[6.0, 6.0]
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fold.blocks.base import Block, Repeat, convert_to_block
+from fold.blocks.composition import Composition
+from fold.blocks.control import ForwardDeclaration, Metric
+from fold.blocks.layers import Layer, snake_case
+from fold.blocks.tensors import Concat, Function, OpSpec, flatten_value
+from fold.blocks.types import (
+    BroadcastSequenceType,
+    PyObjectType,
+    SequenceType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+)
+from fold.compiler.executor import Executor
+from fold.compiler.result import MetricValues, Result
+from fold.scheduler.builder import BatchBuilder
+from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
+from fold.scheduler.walk import walk
+
+__all__ = ["Compiler"]
+
+
+class CompiledOp:
+    """An operation with its arena slots resolved."""
+
+    def __init__(self, spec: OpSpec, type_index: dict):
+        self.spec = spec
+        self.layer = spec.layer
+        self.in_tidx = [type_index[t] for t in spec.in_types]
+        self.out_tidx = [type_index[t] for t in spec.out_types]
+        self.out_slots = _slots(self.out_tidx)
+        self.in_slots = _slots(self.in_tidx)
+        layer = spec.layer
+        overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
+        self.check_inputs = layer.check_constant_inputs if overridden else None
+
+
+def _slots(tidx: list[int]) -> list[tuple[int, int]]:
+    """Pairs (type, k): the k-th value of that type among an op's inputs or outputs."""
+    seen: dict[int, int] = {}
+    out = []
+    for t in tidx:
+        k = seen.get(t, 0)
+        seen[t] = k + 1
+        out.append((t, k))
+    return out
+
+
+def _all_blocks(root: Block) -> list[Block]:
+    """Every block reachable from ``root`` (children, declarations), in DFS order."""
+    seen: set[int] = set()
+    order: list[Block] = []
+    stack = [root]
+    while stack:
+        b = stack.pop()
+        if id(b) in seen:
+            continue
+        seen.add(id(b))
+        order.append(b)
+        stack.extend(reversed(b.children()))
+    return order
+
+
+def _tensor_types(t: Type | None, out: list) -> None:
+    if isinstance(t, TensorType):
+        out.append(t)
+    elif isinstance(t, TupleType):
+        for i in t:
+            _tensor_types(i, out)
+    elif isinstance(t, SequenceType):
+        _tensor_types(t.element_type, out)
+
+
+def _root_ok(t: Type) -> bool:
+    if isinstance(t, (TensorType, VoidType)):
+        return True
+    return isinstance(t, TupleType) and len(t) > 0 and all(_root_ok(i) for i in t)
+
+
+class Compiler:
+    """Compiles a block into operations and runs batches of examples.
+
+    Create with ``Compiler.create(block)``; then ``init(key)`` makes the
+    parameters, ``build_batch(examples)`` builds a schedule on the host and
+    ``apply(params, batch)`` runs it (pure and jittable).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        if not kwargs.pop("_internal", False):
+            raise TypeError("use fd.Compiler.create(block) to make a Compiler")
+
+    @classmethod
+    def create(cls, root_block: Any, chunk_size: int = 128) -> Compiler:
+        """Validates and type-checks ``root_block`` and enumerates its operations.
+
+        ``chunk_size`` is C, the rows per loop iteration (128 suits CPUs).
+        """
+        return cls._create(root_block, any_root=False, chunk_size=chunk_size)
+
+    @classmethod
+    def _create(cls, root_block: Any, any_root: bool, chunk_size: int = 128) -> Compiler:
+        if chunk_size < MIN_ITEM or chunk_size & (chunk_size - 1):
+            raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM}, got {chunk_size}")
+        self = cls(_internal=True)
+        root = convert_to_block(root_block)
+        if root.input_type is None:
+            root.set_input_type(PyObjectType())
+        blocks = _all_blocks(root)
+        for b in blocks:
+            if isinstance(b, ForwardDeclaration) and b.target is None:
+                raise ValueError(f"{b!r} was never resolved: call resolve_to(block)")
+            if isinstance(b, Composition):
+                b._validate()
+        blocks = _all_blocks(root)
+        for b in blocks:
+            for side, t in (("input", b.input_type), ("output", b.output_type)):
+                if t is None:
+                    raise TypeError(
+                        f"cannot infer the {side} type of {b!r} in {root!r}; "
+                        f"pin it with set_{side}_type()"
+                    )
+        out = root.output_type
+        metric_blocks = [b for b in blocks if isinstance(b, Metric)]
+        if not any_root:
+            if not _root_ok(out):
+                raise TypeError(
+                    f"the root {root!r} outputs {out}: a compiled root must output tensors, tuples of "
+                    "tensors or void (use block.eval to look at other values)"
+                )
+            if isinstance(out, VoidType) and not metric_blocks:
+                raise TypeError(f"the root {root!r} outputs void and has no Metric: it computes nothing")
+        self.root = root
+        self.chunk = chunk_size
+        self.item_sizes = tuple(s for s in (2 ** k for k in range(3, 31)) if s <= chunk_size)
+
+        # Arena types: every tensor type that appears anywhere.
+        tensor_types: list[TensorType] = []
+        for b in blocks:
+            _tensor_types(b.input_type, tensor_types)
+            _tensor_types(b.output_type, tensor_types)
+        self.types = list(dict.fromkeys(tensor_types))
+        self.type_index = {t: i for i, t in enumerate(self.types)}
+
+        # Operations, merged by key so equal functions batch together.
+        self.ops: list[CompiledOp] = []
+        self.block_ops: dict[Block, int] = {}
+        by_key: dict[Any, int] = {}
+        for b in blocks:
+            if isinstance(b, (Function, Concat)):
+                spec = b.op_spec()
+                if spec.key not in by_key:
+                    by_key[spec.key] = len(self.ops)
+                    self.ops.append(CompiledOp(spec, self.type_index))
+                self.block_ops[b] = by_key[spec.key]
+        self.slot_index = {}
+        for op in self.ops:
+            for slot in op.out_slots:
+                self.slot_index.setdefault(slot, len(self.slot_index))
+
+        # Layers: one input type each, unique names.
+        self.layers: dict[str, tuple[Layer, Type]] = {}
+        layer_types: dict[Layer, Type] = {}
+        for op in self.ops:
+            if op.layer is None:
+                continue
+            prev = layer_types.get(op.layer)
+            if prev is not None and prev != op.spec.in_type:
+                raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {op.spec.in_type}; "
+                                "a layer has one input type (its parameters depend on it)")
+            layer_types[op.layer] = op.spec.in_type
+        used = {layer.name for layer in layer_types if layer.name is not None}
+        named: dict[str, Layer] = {}
+        for layer in layer_types:
+            if layer.name is None:
+                continue
+            if layer.name in named:
+                raise ValueError(f"two different layers are named {layer.name!r} in one model: "
+                                 f"{named[layer.name]!r} and {layer!r}")
+            named[layer.name] = layer
+        for layer in layer_types:
+            if layer.name is None:
+                base = snake_case(type(layer).__name__)
+                name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
+                            if n not in used)
+                layer._name = name
+                used.add(name)
+        self.layers = {layer.name: (layer, t) for layer, t in layer_types.items()}  # type: ignore[misc]
+
+        # Metrics: one tensor type per name.
+        self.metric_types: dict[str, TensorType] = {}
+        for m in metric_blocks:
+            prev = self.metric_types.get(m.metric_name)
+            if prev is not None and prev != m.input_type:
+                raise TypeError(f"metric {m.metric_name!r} gets both {prev} and {m.input_type}")
+            self.metric_types[m.metric_name] = m.input_type  # type: ignore[assignment]
+        self.metric_types = dict(sorted(self.metric_types.items()))
+
+        self._root_leaves = out.tensor_leaves() if _root_ok(out) else []
+        self.executor = Executor(self)
+        self._arenas_jit = jax.jit(self.executor.arenas)
+        return self
+
+    # ---------------------------------------------------------- parameters
+    def init(self, key: jax.Array) -> dict:
+        """Parameters for every layer: ``{layer name: params}``.
+
+        Each layer's key is derived from ``key`` and its name, so adding a
+        layer does not change the others' initial values.
+        """
+        params = {}
+        for name, (layer, t) in sorted(self.layers.items()):
+            params[name] = layer.init(jax.random.fold_in(key, zlib.crc32(name.encode())), t)
+        return params
+
+    def prepare_params(self, params: Any) -> dict:
+        """Checks ``params`` and stops gradients of non-trainable layers."""
+        if not isinstance(params, dict):
+            raise TypeError(f"params must be the dict from compiler.init, got {type(params).__name__}")
+        missing = [n for n in self.layers if n not in params]
+        if missing:
+            raise KeyError(f"params has no entry for layer(s) {missing}; make them with compiler.init")
+        out = dict(params)
+        for name, (layer, _) in self.layers.items():
+            if not layer.trainable:
+                out[name] = jax.lax.stop_gradient(params[name])
+        return out
+
+    # -------------------------------------------------------------- batches
+    def _build(self, examples: Iterable[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
+        builder = BatchBuilder(self)
+        outputs = []
+        for i, x in enumerate(examples):
+            builder.example_index = i
+            outputs.append(walk(self.root, x, builder))
+        builder.example_index = None
+        n_leaves = len(self._root_leaves)
+        roots: list[list[int]] = [[] for _ in range(n_leaves)]
+        if n_leaves:
+            for value in outputs:
+                for leaf, vid in enumerate(flatten_value(value)):
+                    roots[leaf].append(vid)
+        batch = schedule(builder, roots, len(outputs), self.chunk, keep_host)
+        return batch, builder, outputs
+
+    def build_batch(self, examples: Iterable[Any]) -> Batch:
+        """Walks every example on the host and builds its schedule (NumPy only).
+
+        A malformed example raises KeyError, TypeError or ValueError naming
+        the example's index, the block path and what was expected.
+        """
+        examples = list(examples)
+        if not examples:
+            raise ValueError("build_batch needs at least one example")
+        return self._build(examples)[0]
+
+    def batches(self, examples: Iterable[Any], batch_size: int, shuffle: bool = False,
+                num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None) -> Iterator[Batch]:
+        """Yields built batches of ``batch_size`` examples.
+
+        ``shuffle`` permutes the examples with ``numpy.random.default_rng(seed)``
+        (fresh entropy when ``seed`` is None). ``num_workers > 0`` builds that
+        many batches ahead on background threads while the caller computes.
+        The last partial batch is yielded unless ``drop_remainder``.
+        """
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        examples = list(examples)
+        order = np.arange(len(examples))
+        if shuffle:
+            order = np.random.default_rng(seed).permutation(len(examples))
+        stop = len(examples) - len(examples) % batch_size if drop_remainder else len(examples)
+        chunks = [[examples[j] for j in order[i:i + batch_size]] for i in range(0, stop, batch_size)]
+        if num_workers == 0:
+            for chunk in chunks:
+                yield self.build_batch(chunk)
+            return
+        with ThreadPoolExecutor(num_workers) as pool:
+            futures = [pool.submit(self.build_batch, c) for c in chunks[:num_workers]]
+            for i in range(len(chunks)):
+                if i + num_workers < len(chunks):
+                    futures.append(pool.submit(self.build_batch, chunks[i + num_workers]))
+                yield futures[i].result()
+
+    # ---------------------------------------------------------------- apply
+    def apply(self, params: Any, batch: Batch) -> Result:
+        """Runs a built batch: pure and jittable; differentiable in ``params``."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
+        arenas = self.executor.arenas(params, batch)
+        arrays = batch.arrays
+        leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self._root_leaves, arrays["roots"])]
+        outputs = self._nest(self.root.output_type, iter(leaves)) if _root_ok(self.root.output_type) else None
+        metrics = {}
+        for name, t in self.metric_types.items():
+            m = arrays["metrics"][name]
+            values = arenas[self.type_index[t]][m["rows"]]
+            mask = jnp.asarray(m["mask"]).reshape((-1,) + (1,) * len(t.shape))
+            values = jnp.where(mask, values, jnp.zeros((), values.dtype))
+            metrics[name] = MetricValues(values, jnp.asarray(m["mask"]), jnp.asarray(m["example"]))
+        return Result(outputs, metrics)
+
+    def _nest(self, t: Type, leaves: Iterator) -> Any:
+        if isinstance(t, TensorType):
+            return next(leaves)
+        if isinstance(t, TupleType):
+            return tuple(self._nest(i, leaves) for i in t)
+        return None
+
+    # ------------------------------------------------------------- notebook
+    def max_depth(self, example: Any) -> int:
+        """Depth of one example's schedule (no device work)."""
+        builder = BatchBuilder(self)
+        builder.example_index = None
+        walk(self.root, example, builder)
+        return builder.max_depth
+
+    def eval_one(self, example: Any, params: Any = None) -> Any:
+        """Evaluates one example; see ``Block.eval``."""
+        if params is None:
+            params = self.init(jax.random.key(0))
+        builder = BatchBuilder(self)
+        builder.example_index = None
+        value = walk(self.root, example, builder)
+        batch = schedule(builder, [], 1, self.chunk, keep_host=True)
+        host = batch.host
+        arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}
+
+        def convert(v: Any, t: Type) -> Any:
+            if isinstance(t, TensorType):
+                return arenas[int(host.v_type[v])][int(host.v_row[v])]
+            if isinstance(t, TupleType):
+                return tuple(convert(i, it) for i, it in zip(v, t))
+            if isinstance(t, BroadcastSequenceType):
+                return itertools.repeat(convert(v.value if isinstance(v, Repeat) else v, t.element_type))
+            if isinstance(t, SequenceType):
+                return [convert(i, t.element_type) for i in v]
+            if isinstance(t, VoidType):
+                return None
+            return v
+
+        out = convert(value, self.root.output_type)
+        if not self.metric_types:
+            return out
+        metrics = {name: [convert(vid, t) for _, vid in builder.metrics[name]]
+                   for name, t in self.metric_types.items()}
+        return out, metrics

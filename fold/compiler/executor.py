@@ -1,0 +1,265 @@
+"""Runs a schedule on the device: arenas, hoisted ops, one ``while_loop``.
+
+See ``docs/design.md``. In short:
+
+* One arena per tensor type, ``A + C`` rows: constants, then node outputs.
+* Depth-1 groups read only constants; they run once, before the loop, on
+  ``A`` padded rows each, and are differentiated by ordinary autodiff.
+* Deeper groups are work items ``(branch, first node, count)``; the loop
+  runs one per iteration, dispatching with one ``lax.switch`` over
+  (operation, item size). Branches *read* arenas and return padded
+  ``C``-row chunks; the ``dynamic_update_slice`` happens outside the
+  switch so XLA never copies an arena through a conditional.
+* Reverse mode is a ``jax.custom_vjp`` whose residual is the final arena
+  and whose backward pass is a second loop over the items in reverse:
+  recompute each item's ``vjp``, mask padded rows, and scatter-add input
+  cotangents into the cotangent arena in one scatter per type.
+* Padded rows of an item read the item's first real row, so they compute
+  on real (finite) data; their output cotangents are zero and their input
+  cotangents go to the dump row, so padding never leaks into results or
+  gradients, even for ``log`` or ``sqrt(|x|)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = ["Executor"]
+
+_LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_out", "n_items")
+
+
+def _is_float(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
+class Executor:
+    """Executes batches for one compiled model (holds only static structure)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.chunk = model.chunk
+        self.types = model.types
+        self.ops = model.ops
+        self.sizes = model.item_sizes
+
+    # ------------------------------------------------------------- helpers
+    def _params_for(self, op: Any, params: Any) -> Any:
+        return None if op.layer is None else params[op.layer.name]
+
+    def _gather_inputs(self, op: Any, arenas: dict, in_idx: jax.Array, first: jax.Array,
+                       count: jax.Array, size: int) -> tuple[list, jax.Array, jax.Array]:
+        """The item's input rows: padded rows repeat the first real row."""
+        n_in = len(op.in_tidx)
+        idx = lax.dynamic_slice(in_idx, (first, 0), (size, in_idx.shape[1]))[:, :n_in]
+        valid = jnp.arange(size) < count
+        idx = jnp.where(valid[:, None], idx, idx[:1])
+        xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
+        return xs, idx, valid
+
+    def _slots(self, op_ids: tuple, which: str) -> dict[int, int]:
+        """Per arena type, the most outputs (or inputs) of that type any op has."""
+        k: dict[int, int] = {}
+        for o in op_ids:
+            for t, j in getattr(self.ops[o], which):
+                k[t] = max(k.get(t, 0), j + 1)
+        return k
+
+    # ------------------------------------------------------------- forward
+    def initial_arenas(self, arrays: dict, layout: Any) -> dict:
+        A, C = layout.size_class, self.chunk
+        arenas = {}
+        for t, tt in enumerate(self.types):
+            key = str(t)
+            if key in arrays["consts"]:
+                pad = jnp.zeros((C, *tt.shape), tt.dtype)
+                arenas[t] = jnp.concatenate([jnp.asarray(arrays["consts"][key]), pad])
+            else:
+                arenas[t] = jnp.zeros((A + C, *tt.shape), tt.dtype)
+        return arenas
+
+    def run_hoisted(self, params: Any, arenas: dict, arrays: dict, layout: Any) -> dict:
+        A = layout.size_class
+        S = A + self.chunk
+        rows = jnp.arange(A)
+        for h, o in enumerate(layout.hoist_ops):
+            op = self.ops[o]
+            first, count = arrays["hoist_node"][h], arrays["hoist_count"][h]
+            valid = rows < count
+            idx = arrays["in_idx"][jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
+            idx = jnp.where(valid[:, None], idx, idx[:1])
+            xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
+            ys = op.spec.fn(self._params_for(op, params), *xs)
+            for y, (t, k) in zip(ys, op.out_slots):
+                start = arrays["hoist_out"][h, self.model.slot_index[(t, k)]]
+                dest = jnp.where(valid, start + rows, S)  # S is out of bounds: dropped
+                mask = valid.reshape((A,) + (1,) * (y.ndim - 1))
+                y = jnp.where(mask, y, jnp.zeros((), y.dtype))
+                arenas[t] = arenas[t].at[dest].set(y, mode="drop")
+        return arenas
+
+    def _forward_branches(self, layout: Any, k_out: dict) -> list:
+        C = self.chunk
+        branches = []
+        for o in layout.loop_ops:
+            op = self.ops[o]
+            for size in self.sizes:
+                def branch(lparams, arenas, in_idx, first, count, op=op, size=size):
+                    xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
+                    ys = op.spec.fn(self._params_for(op, lparams), *xs)
+                    out = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
+                           for t, k in k_out.items()}
+                    for y, (t, k) in zip(ys, op.out_slots):
+                        out[t] = out[t].at[k, :size].set(y)
+                    return out
+                branches.append(branch)
+        return branches
+
+    def _forward_loop(self, lparams: Any, arenas: dict, arrays: dict, layout: Any) -> dict:
+        k_out = self._slots(layout.loop_ops, "out_slots")
+        branches = self._forward_branches(layout, k_out)
+        slot_index = self.model.slot_index
+
+        def body(state):
+            i, arenas = state
+            chunks = lax.switch(arrays["items_branch"][i], branches, lparams, arenas, arrays["in_idx"],
+                                arrays["items_node"][i], arrays["items_count"][i])
+            arenas = dict(arenas)
+            for t, k_max in k_out.items():
+                zeros = (0,) * len(self.types[t].shape)
+                for k in range(k_max):
+                    start = arrays["items_out"][i, slot_index[(t, k)]]
+                    arenas[t] = lax.dynamic_update_slice(arenas[t], chunks[t][k], (start, *zeros))
+            return i + 1, arenas
+
+        _, arenas = lax.while_loop(lambda s: s[0] < arrays["n_items"], body, (jnp.int32(0), arenas))
+        return arenas
+
+    # ------------------------------------------------------------ backward
+    def _backward_branches(self, layout: Any, k_out: dict, k_in: dict, float_types: list) -> list:
+        C = self.chunk
+        A = layout.size_class
+        branches = []
+        for o in layout.loop_ops:
+            op = self.ops[o]
+            for size in self.sizes:
+                def branch(lparams, arenas, in_idx, first, count, ct_chunks, op=op, size=size):
+                    xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
+                    diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
+
+                    def f(p, *dxs):
+                        full = list(xs)
+                        for i, dx in zip(diff, dxs):
+                            full[i] = dx
+                        return op.spec.fn(p, *full)
+
+                    p = self._params_for(op, lparams)
+                    _, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
+                    cts = []
+                    for t, k in op.out_slots:
+                        shape = (size, *self.types[t].shape)
+                        if t in float_types:
+                            ct = ct_chunks[t][k, :size]
+                            mask = valid.reshape((size,) + (1,) * (ct.ndim - 1))
+                            cts.append(jnp.where(mask, ct, jnp.zeros((), ct.dtype)))
+                        else:
+                            cts.append(np.zeros(shape, jax.dtypes.float0))
+                    p_ct, *x_cts = vjp(cts)
+                    in_cts = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
+                              for t, k in k_in.items()}
+                    in_rows = {t: jnp.full((k, C), A, jnp.int32) for t, k in k_in.items()}
+                    for i, x_ct in zip(diff, x_cts):
+                        t, k = op.in_slots[i]
+                        mask = valid.reshape((size,) + (1,) * (x_ct.ndim - 1))
+                        in_cts[t] = in_cts[t].at[k, :size].set(jnp.where(mask, x_ct, jnp.zeros((), x_ct.dtype)))
+                        in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], A))
+                    p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, v) for name, v in lparams.items()}
+                    if op.layer is not None:
+                        p_full[op.layer.name] = p_ct
+                    return ({t: v.reshape((-1, *v.shape[2:])) for t, v in in_cts.items()},
+                            {t: v.reshape(-1) for t, v in in_rows.items()}, p_full)
+                branches.append(branch)
+        return branches
+
+    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: dict, layout: Any) -> tuple:
+        float_types = sorted(ct)
+        k_out = self._slots(layout.loop_ops, "out_slots")
+        k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
+        branches = self._backward_branches(layout, k_out, k_in, float_types)
+        slot_index = self.model.slot_index
+        C = self.chunk
+
+        def body(state):
+            i, ct, p_acc = state
+            ct_chunks = {}
+            for t, k_max in k_out.items():
+                if t not in float_types:
+                    continue
+                shape = self.types[t].shape
+                ct_chunks[t] = jnp.stack([
+                    lax.dynamic_slice(ct[t], (arrays["items_out"][i, slot_index[(t, k)]], *(0,) * len(shape)),
+                                      (C, *shape))
+                    for k in range(k_max)])
+            in_cts, in_rows, p_ct = lax.switch(
+                arrays["items_branch"][i], branches, lparams, arenas, arrays["in_idx"],
+                arrays["items_node"][i], arrays["items_count"][i], ct_chunks)
+            ct = dict(ct)
+            for t in in_cts:
+                ct[t] = ct[t].at[in_rows[t]].add(in_cts[t])
+            p_acc = jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
+            return i - 1, ct, p_acc
+
+        p0 = jax.tree_util.tree_map(jnp.zeros_like, lparams)
+        _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (arrays["n_items"] - 1, ct, p0))
+        return p_acc, ct
+
+    def _make_loop(self, layout: Any):
+        float_ids = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
+        int_ids = [t for t in range(len(self.types)) if t not in float_ids]
+
+        def join(f: dict, i: dict) -> dict:
+            return {**f, **i}
+
+        @jax.custom_vjp
+        def loop(lparams, f_arenas, i_arenas, arrays):
+            out = self._forward_loop(lparams, join(f_arenas, i_arenas), arrays, layout)
+            return {t: out[t] for t in float_ids}, {t: out[t] for t in int_ids}
+
+        def loop_fwd(lparams, f_arenas, i_arenas, arrays):
+            out = loop(lparams, f_arenas, i_arenas, arrays)
+            return out, (lparams, out, arrays)
+
+        def loop_bwd(res, cts):
+            lparams, (f_out, i_out), arrays = res
+            ct_f, _ = cts
+            p_ct, ct = self._backward_loop(lparams, join(f_out, i_out), dict(ct_f), arrays, layout)
+            return p_ct, ct, None, None
+
+        loop.defvjp(loop_fwd, loop_bwd)
+
+        def run(lparams, arenas, arrays):
+            f_out, i_out = loop(lparams, {t: arenas[t] for t in float_ids},
+                                {t: arenas[t] for t in int_ids}, arrays)
+            return join(f_out, i_out)
+
+        return run
+
+    # ------------------------------------------------------------------ run
+    def arenas(self, params: Any, batch: Any) -> dict:
+        """All arenas after running ``batch`` (pure; differentiable in ``params``)."""
+        arrays = jax.tree_util.tree_map(jnp.asarray, batch.arrays)
+        layout = batch.layout
+        params = self.model.prepare_params(params)
+        arenas = self.initial_arenas(arrays, layout)
+        arenas = self.run_hoisted(params, arenas, arrays, layout)
+        if layout.loop_ops:
+            names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
+            lparams = {name: params[name] for name in names}
+            loop_arrays = {k: arrays[k] for k in _LOOP_ARRAYS}
+            arenas = self._make_loop(layout)(lparams, arenas, loop_arrays)
+        return arenas

@@ -1,0 +1,1 @@
+"""The scheduler: host walk, node recording and index arrays."""

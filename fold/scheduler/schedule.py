@@ -1,0 +1,235 @@
+"""Turns a recorded batch into the executor's index arrays (vectorised NumPy).
+
+Layout (see docs/design.md). One *arena* per tensor type holds, in order,
+that type's constants and then every node output, nodes sorted by
+(depth, operation), so each (depth, operation) *group* owns one contiguous
+row range per output. Every array size derives from one size class
+``A = next_pow2(total rows)``: arenas have ``A + C`` rows (row ``A`` onwards
+is a dump region for padded writes), the per-node input index table has
+``A + C`` rows, the work list and metric arrays have ``A`` entries.
+
+Groups at depth 1 read only constants and are *hoisted*: run once before
+the loop over all their rows. Deeper groups are cut into *work items* of
+``C`` rows plus one remainder rounded up to a power of two (>= 8); the
+jitted ``while_loop`` runs one item per iteration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fold.scheduler.builder import BatchBuilder
+
+__all__ = ["Batch", "BatchLayout", "schedule", "next_pow2", "MIN_ITEM"]
+
+MIN_ITEM = 8
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class BatchLayout(NamedTuple):
+    """The static (hashable) part of a batch: it decides what JAX traces."""
+
+    size_class: int           # A
+    num_examples: int         # B, exact
+    loop_ops: tuple           # operations with work items, sorted
+    hoist_ops: tuple          # operations with depth-1 groups, sorted
+    const_types: tuple        # arena types that have a constant table
+
+
+class Batch:
+    """A built batch: NumPy arrays (``arrays``) plus its static ``layout``.
+
+    It is a JAX pytree, so it can be passed to jitted functions; batches
+    with equal layouts share one compilation.
+    """
+
+    def __init__(self, arrays: dict, layout: BatchLayout, host: Any = None):
+        self.arrays = arrays
+        self.layout = layout
+        self.host = host  # per-value rows, kept for eval; not part of the pytree
+
+    def __repr__(self) -> str:
+        return f"Batch(examples={self.layout.num_examples}, size_class={self.layout.size_class})"
+
+
+def _flatten_batch(b: Batch):
+    return (b.arrays,), b.layout
+
+
+def _unflatten_batch(layout: BatchLayout, children: tuple) -> Batch:
+    return Batch(children[0], layout)
+
+
+def _register() -> None:
+    import jax
+
+    jax.tree_util.register_pytree_node(Batch, _flatten_batch, _unflatten_batch)
+
+
+_register()
+
+
+class HostInfo(NamedTuple):
+    """Where each value id landed: arena type and row (for ``eval``)."""
+
+    v_type: np.ndarray
+    v_row: np.ndarray
+
+
+def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: int,
+             keep_host: bool = False) -> Batch:
+    """Builds the batch arrays from a finished ``BatchBuilder``.
+
+    ``roots[l]`` lists, per example, the value id of root leaf ``l``.
+    """
+    model = b.model
+    n_types = len(model.types)
+    n_nodes = len(b.n_op)
+    v_type = np.asarray(b.v_type, np.int64)
+    v_node = np.asarray(b.v_node, np.int64)
+    v_pos = np.asarray(b.v_pos, np.int64)
+    n_op = np.asarray(b.n_op, np.int64)
+    n_depth = np.asarray(b.n_depth, np.int64)
+
+    # Sort nodes by (depth, op); rank[node] is its position in that order.
+    order = np.lexsort((n_op, n_depth)) if n_nodes else np.zeros(0, np.int64)
+    rank = np.empty(n_nodes, np.int64)
+    rank[order] = np.arange(n_nodes)
+    s_depth, s_op = n_depth[order], n_op[order]
+    if n_nodes:
+        change = np.flatnonzero((np.diff(s_depth) != 0) | (np.diff(s_op) != 0)) + 1
+        g_start = np.concatenate([[0], change])
+    else:
+        g_start = np.zeros(0, np.int64)
+    g_count = np.diff(np.concatenate([g_start, [n_nodes]]))
+    g_op, g_depth = s_op[g_start], s_depth[g_start]
+
+    # Rows: constants first, then each group's outputs, output by output.
+    cursor = np.array([len(c) for c in b.consts], np.int64)
+    max_out = max((len(op.out_tidx) for op in model.ops), default=0)
+    g_base = np.zeros((len(g_start), max(max_out, 1)), np.int64)
+    for g, (o, n) in enumerate(zip(g_op.tolist(), g_count.tolist())):
+        for j, t in enumerate(model.ops[o].out_tidx):
+            g_base[g, j] = cursor[t]
+            cursor[t] += n
+    total_rows = int(cursor.max()) if n_types else 0
+    n_metric = max((len(v) for v in b.metrics.values()), default=0)
+    A = next_pow2(max(total_rows, n_nodes, n_metric, MIN_ITEM))
+    S = A + chunk
+
+    # Row of every value id.
+    v_row = np.where(v_node < 0, v_pos, 0)
+    if n_nodes:
+        g_of_sorted = np.repeat(np.arange(len(g_start)), g_count)
+        node_group = np.empty(n_nodes, np.int64)
+        node_group[order] = g_of_sorted
+        node_offset = rank - g_start[node_group]
+        is_out = v_node >= 0
+        out_node = v_node[is_out]
+        v_row[is_out] = g_base[node_group[out_node], v_pos[is_out]] + node_offset[out_node]
+
+    # Input rows per node, in sorted order.
+    max_in = max((len(op.in_tidx) for op in model.ops), default=1) or 1
+    in_idx = np.zeros((S, max_in), np.int32)
+    for o in np.unique(n_op).tolist():
+        nodes = np.flatnonzero(n_op == o)
+        k = len(model.ops[o].in_tidx)
+        if k:
+            ins = np.asarray([b.n_inputs[n] for n in nodes.tolist()], np.int64).reshape(len(nodes), k)
+            in_idx[rank[nodes], :k] = v_row[ins]
+
+    slot_of = model.slot_index  # (type, k) -> column of the out-start table
+    n_slots = max(len(slot_of), 1)
+
+    def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
+        row = np.full(n_slots, A, np.int64)
+        for j, (t, k) in enumerate(model.ops[o].out_slots):
+            row[slot_of[(t, k)]] = base_row[j]
+        return row
+
+    # Hoisted (depth-1) groups.
+    hoist = [g for g in range(len(g_start)) if g_depth[g] == 1]
+    hoist_ops = tuple(int(g_op[g]) for g in hoist)
+    hoist_node = np.asarray([g_start[g] for g in hoist], np.int32)
+    hoist_count = np.asarray([g_count[g] for g in hoist], np.int32)
+    hoist_out = np.asarray([out_starts(int(g_op[g]), g_base[g]) for g in hoist], np.int32).reshape(
+        len(hoist), n_slots)
+
+    # Work items for deeper groups.
+    loop_groups = [g for g in range(len(g_start)) if g_depth[g] >= 2]
+    loop_ops = tuple(sorted({int(g_op[g]) for g in loop_groups}))
+    loop_pos = {o: i for i, o in enumerate(loop_ops)}
+    sizes = model.item_sizes
+    size_pos = {s: i for i, s in enumerate(sizes)}
+    it_branch, it_node, it_count, it_out = [], [], [], []
+    for g in loop_groups:
+        o, s0, n = int(g_op[g]), int(g_start[g]), int(g_count[g])
+        for off in range(0, n, chunk):
+            cnt = min(chunk, n - off)
+            size = chunk if cnt == chunk else max(MIN_ITEM, next_pow2(cnt))
+            it_branch.append(loop_pos[o] * len(sizes) + size_pos[size])
+            it_node.append(s0 + off)
+            it_count.append(cnt)
+            it_out.append(out_starts(o, g_base[g] + off))
+    n_items = len(it_branch)
+    W = A
+    items_branch = np.zeros(W, np.int32)
+    items_node = np.zeros(W, np.int32)
+    items_count = np.zeros(W, np.int32)
+    items_out = np.full((W, n_slots), A, np.int32)
+    items_branch[:n_items] = it_branch
+    items_node[:n_items] = it_node
+    items_count[:n_items] = it_count
+    if n_items:
+        items_out[:n_items] = np.asarray(it_out, np.int64)
+
+    # Constant tables (only for types with a non-zero constant).
+    consts = {}
+    for t, table in enumerate(b.consts):
+        if any(v is not None for v in table):
+            tt = model.types[t]
+            arr = np.zeros((A, *tt.shape), tt.dtype)
+            for i, v in enumerate(table):
+                if v is not None:
+                    arr[i] = v
+            consts[str(t)] = arr
+
+    # Roots and metrics.
+    root_rows = [v_row[np.asarray(r, np.int64)].astype(np.int32) if r else np.zeros(0, np.int32)
+                 for r in roots]
+    metrics = {}
+    for name, entries in b.metrics.items():
+        rows = np.zeros(A, np.int32)
+        mask = np.zeros(A, bool)
+        example = np.full(A, -1, np.int32)
+        if entries:
+            ex, vids = zip(*entries)
+            n = len(entries)
+            rows[:n] = v_row[np.asarray(vids, np.int64)]
+            mask[:n] = True
+            example[:n] = ex
+        metrics[name] = {"rows": rows, "mask": mask, "example": example}
+
+    arrays = {
+        "consts": consts,
+        "in_idx": in_idx,
+        "hoist_node": hoist_node,
+        "hoist_count": hoist_count,
+        "hoist_out": hoist_out,
+        "items_branch": items_branch,
+        "items_node": items_node,
+        "items_count": items_count,
+        "items_out": items_out,
+        "n_items": np.asarray(n_items, np.int32),
+        "roots": root_rows,
+        "metrics": metrics,
+    }
+    layout = BatchLayout(A, num_examples, loop_ops, hoist_ops,
+                         tuple(sorted(int(k) for k in consts)))
+    host = HostInfo(v_type, v_row) if keep_host else None
+    return Batch(arrays, layout, host)

@@ -1,0 +1,94 @@
+"""The host walk: runs one example through a block tree without recursion.
+
+Blocks are generators (see ``fold/blocks/base.py``); this driver keeps
+them on an explicit stack, so a 10,000-deep tree or sequence costs a long
+list, not a deep Python stack. On a bad input it re-raises the error with
+its natural type, prefixed by the example's index and the block path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fold.blocks.base import Block
+
+__all__ = ["walk", "InputError"]
+
+_NATURAL = (KeyError, TypeError, ValueError)
+
+
+class InputError:
+    """Marks exceptions that already carry an example index and block path."""
+
+    attribute = "_fold_input_error"
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, KeyError) and len(e.args) == 1:
+        return str(e.args[0])
+    return str(e)
+
+
+def _rewrap(e: BaseException, stack: list, block: Block, example_index: int | None) -> BaseException:
+    if getattr(e, InputError.attribute, False):
+        return e
+    parts = [label for _, _, label in stack if label is not None]
+    parts.append(block._path_name())
+    path = " > ".join(parts)
+    where = f"example {example_index}" if example_index is not None else "the input"
+    msg = f"{where}: at {path}: {_message(e)}"
+    cls = type(e)
+    if isinstance(e, IndexError):
+        cls = KeyError
+    try:
+        new = cls(msg) if isinstance(e, _NATURAL + (IndexError,)) else None
+    except Exception:  # an exception class with an unusual constructor
+        new = None
+    if new is None:
+        if hasattr(e, "add_note"):
+            e.add_note(msg)
+        setattr(e, InputError.attribute, True)
+        return e
+    setattr(new, InputError.attribute, True)
+    return new
+
+
+def _reraise(e: BaseException, stack: list, block: Block, example_index: int | None) -> None:
+    new = _rewrap(e, stack, block, example_index)
+    if new is e:
+        raise e
+    raise new from e
+
+
+def walk(root: Block, x: Any, ctx: Any) -> Any:
+    """Evaluates ``root`` on host value ``x``, recording tensor work in ``ctx``."""
+    stack: list = []  # frames: [generator, block, label of the child being run]
+    pending: tuple | None = (root, x)
+    value: Any = None
+    while True:
+        if pending is not None:
+            block, arg = pending
+            pending = None
+            if block._leaf:
+                try:
+                    value = block._host_leaf(arg, ctx)
+                except Exception as e:
+                    _reraise(e, stack, block, ctx.example_index)
+            else:
+                stack.append([block._host(arg, ctx), block, None])
+                value = None
+        if not stack:
+            return value
+        frame = stack[-1]
+        frame[2] = None
+        try:
+            child, arg, label = frame[0].send(value)
+        except StopIteration as stop:
+            stack.pop()
+            value = stop.value
+            continue
+        except Exception as e:
+            stack.pop()
+            _reraise(e, stack, frame[1], ctx.example_index)
+        frame[2] = label
+        pending = (child, arg)
