@@ -78,6 +78,14 @@ class Tensor(Block):
         self._ttype = TensorType(shape, dtype)
         super().__init__(name, PyObjectType(), self._ttype)
 
+    def __repr__(self) -> str:
+        shape, kind = self._ttype.shape, "Tensor"
+        if shape == ():
+            kind = "Scalar"
+        elif len(shape) == 1:
+            kind = "Vector"
+        return f"{kind}({self._name!r})" if self._name else kind
+
     def _host_leaf(self, x: Any, ctx: Any) -> int:
         return ctx.const(self._ttype, to_array(x, self._ttype))
 

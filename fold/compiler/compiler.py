@@ -352,7 +352,7 @@ class Compiler:
 
         def convert(v: Any, t: Type) -> Any:
             if isinstance(t, TensorType):
-                return arenas[int(host.v_type[v])][int(host.v_row[v])]
+                return np.array(arenas[int(host.v_type[v])][int(host.v_row[v])])
             if isinstance(t, TupleType):
                 return tuple(convert(i, it) for i, it in zip(v, t))
             if isinstance(t, BroadcastSequenceType):

@@ -98,4 +98,4 @@ class BatchBuilder:
         depth = self.v_depth[vid] + 1
         if depth > self.max_depth:
             self.max_depth = depth
-        self.metrics[name].append((self.example_index, vid))
+        self.metrics[name].append((self.example_index or 0, vid))

@@ -1,0 +1,92 @@
+"""Quick start: a recursive network that learns to add up the numbers in a tree.
+
+Every example is a differently shaped binary tree such as ``(1.5, (0.3, -2.0))``.
+A leaf is embedded by a small dense layer; an inner node combines its two
+children with another one, recursively; a linear read-out predicts the sum
+of the leaves. fold batches all trees of a batch together, depth by depth,
+inside one jitted loop.
+
+Run: ``python examples/quickstart.py`` (a few seconds on a laptop CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import fold as fd
+
+
+def random_tree(rng: random.Random, leaves: int):
+    """A random binary tree with ``leaves`` leaves, each a float in [-1, 1]."""
+    if leaves == 1:
+        return round(rng.uniform(-1, 1), 3)
+    left = rng.randint(1, leaves - 1)
+    return (random_tree(rng, left), random_tree(rng, leaves - left))
+
+
+def tree_sum(tree) -> float:
+    return tree if not isinstance(tree, tuple) else tree_sum(tree[0]) + tree_sum(tree[1])
+
+
+def build_model(hidden: int = 32) -> fd.Block:
+    """(tree, target) -> squared error, reported as the 'loss' metric."""
+    node = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((hidden,)))
+    leaf = fd.Scalar() >> fd.Function(lambda x: x[:, None]) >> fd.FC(hidden, activation=jnp.tanh)
+    inner = fd.Record((node(), node())) >> fd.Concat() >> fd.FC(hidden, activation=jnp.tanh)
+    node.resolve_to(fd.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
+    predict = node() >> fd.FC(1, activation=None) >> fd.Function(lambda y: y[:, 0])
+    error = fd.Function(lambda y, t: (y - t) ** 2)
+    return fd.Record((predict, fd.Scalar())) >> error >> fd.Metric("loss")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    rng = random.Random(args.seed)
+    trees = [random_tree(rng, rng.randint(1, 12)) for _ in range(2000)]
+    data = [(t, tree_sum(t)) for t in trees]
+
+    compiler = fd.Compiler.create(build_model())
+    params = compiler.init(jax.random.key(args.seed))
+    optimizer = optax.adam(3e-3)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def train_step(params, opt_state, batch):
+        def loss_fn(p):
+            return compiler.apply(p, batch).metrics["loss"].mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    step, window = 0, []
+    while step < args.steps:
+        for batch in compiler.batches(data, args.batch_size, shuffle=True, seed=args.seed + step,
+                                      drop_remainder=True):
+            params, opt_state, loss = train_step(params, opt_state, batch)
+            window.append(float(loss))
+            step += 1
+            if step % 50 == 0:
+                print(f"step {step:4d}  loss {sum(window) / len(window):.4f}", flush=True)
+                window = []
+            if step >= args.steps:
+                break
+
+    test = [(t, tree_sum(t)) for t in (random_tree(rng, n) for n in (1, 4, 9))]
+    for tree, target in test:
+        _, metrics = compiler.root.eval((tree, target), params)
+        print(f"sum of {tree}: {target:+.3f}, squared error {float(metrics['loss'][0]):.4f}")
+
+
+if __name__ == "__main__":
+    main()
