@@ -254,7 +254,8 @@ class Block:
         from fold.compiler.compiler import Compiler
 
         if self._eval_compiler is None:
-            self._eval_compiler = Compiler._create(self, any_root=True)
+            # Small chunks: one branch per operation keeps notebook compiles quick.
+            self._eval_compiler = Compiler._create(self, any_root=True, chunk_size=8)
         return self._eval_compiler
 
 

@@ -2,8 +2,8 @@
 
 Layout (see docs/design.md). One *arena* per tensor type holds, in order,
 that type's constants and then every node output, nodes sorted by
-(depth, operation), so each (depth, operation) *group* owns one contiguous
-row range per output. Every array size derives from one size class
+(depth, operation); each (depth, operation) *group* is cut into chunks
+and each chunk owns one contiguous row range per output. Every array size derives from one size class
 ``A = next_pow2(total rows)``: arenas have ``A + C`` rows (row ``A`` onwards
 is a dump region for padded writes), the per-node input index table has
 ``A + C`` rows, the work list and metric arrays have ``A`` entries.
@@ -109,13 +109,24 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     g_count = np.diff(np.concatenate([g_start, [n_nodes]]))
     g_op, g_depth = s_op[g_start], s_depth[g_start]
 
-    # Rows: constants first, then each group's outputs, output by output.
+    # Cut groups into chunks: one per hoisted (depth-1) group, C rows per loop
+    # item otherwise. Rows: constants first, then each chunk's outputs, output
+    # by output. A loop item writes C rows per output, so its padded tail may
+    # only ever land on rows that are written later: allocating per chunk (not
+    # per group) guarantees that even for ops with several outputs.
+    c_group, c_start, c_count = [], [], []
+    for g, (d, s0, n) in enumerate(zip(g_depth.tolist(), g_start.tolist(), g_count.tolist())):
+        step = n if d == 1 else chunk
+        for off in range(0, n, step):
+            c_group.append(g)
+            c_start.append(s0 + off)
+            c_count.append(min(step, n - off))
     cursor = np.array([len(c) for c in b.consts], np.int64)
     max_out = max((len(op.out_tidx) for op in model.ops), default=0)
-    g_base = np.zeros((len(g_start), max(max_out, 1)), np.int64)
-    for g, (o, n) in enumerate(zip(g_op.tolist(), g_count.tolist())):
-        for j, t in enumerate(model.ops[o].out_tidx):
-            g_base[g, j] = cursor[t]
+    c_base = np.zeros((len(c_group), max(max_out, 1)), np.int64)
+    for c, (g, n) in enumerate(zip(c_group, c_count)):
+        for j, t in enumerate(model.ops[int(g_op[g])].out_tidx):
+            c_base[c, j] = cursor[t]
             cursor[t] += n
     total_rows = int(cursor.max()) if n_types else 0
     n_metric = max((len(v) for v in b.metrics.values()), default=0)
@@ -125,13 +136,13 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     # Row of every value id.
     v_row = np.where(v_node < 0, v_pos, 0)
     if n_nodes:
-        g_of_sorted = np.repeat(np.arange(len(g_start)), g_count)
-        node_group = np.empty(n_nodes, np.int64)
-        node_group[order] = g_of_sorted
-        node_offset = rank - g_start[node_group]
+        chunk_of_sorted = np.repeat(np.arange(len(c_group)), c_count)
+        node_chunk = np.empty(n_nodes, np.int64)
+        node_chunk[order] = chunk_of_sorted
+        node_offset = rank - np.asarray(c_start, np.int64)[node_chunk]
         is_out = v_node >= 0
         out_node = v_node[is_out]
-        v_row[is_out] = g_base[node_group[out_node], v_pos[is_out]] + node_offset[out_node]
+        v_row[is_out] = c_base[node_chunk[out_node], v_pos[is_out]] + node_offset[out_node]
 
     # Input rows per node, in sorted order.
     max_in = max((len(op.in_tidx) for op in model.ops), default=1) or 1
@@ -152,30 +163,28 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
             row[slot_of[(t, k)]] = base_row[j]
         return row
 
-    # Hoisted (depth-1) groups.
-    hoist = [g for g in range(len(g_start)) if g_depth[g] == 1]
-    hoist_ops = tuple(int(g_op[g]) for g in hoist)
-    hoist_node = np.asarray([g_start[g] for g in hoist], np.int32)
-    hoist_count = np.asarray([g_count[g] for g in hoist], np.int32)
-    hoist_out = np.asarray([out_starts(int(g_op[g]), g_base[g]) for g in hoist], np.int32).reshape(
-        len(hoist), n_slots)
+    # Hoisted (depth-1) chunks, one per operation.
+    hoist = [c for c, g in enumerate(c_group) if g_depth[g] == 1]
+    hoist_ops = tuple(int(g_op[c_group[c]]) for c in hoist)
+    hoist_node = np.asarray([c_start[c] for c in hoist], np.int32)
+    hoist_count = np.asarray([c_count[c] for c in hoist], np.int32)
+    hoist_out = np.asarray([out_starts(hoist_ops[i], c_base[c]) for i, c in enumerate(hoist)],
+                           np.int32).reshape(len(hoist), n_slots)
 
-    # Work items for deeper groups.
-    loop_groups = [g for g in range(len(g_start)) if g_depth[g] >= 2]
-    loop_ops = tuple(sorted({int(g_op[g]) for g in loop_groups}))
+    # Work items: one per loop chunk, size C or the next power of two >= 8.
+    items = [c for c, g in enumerate(c_group) if g_depth[g] >= 2]
+    loop_ops = tuple(sorted({int(g_op[c_group[c]]) for c in items}))
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
     sizes = model.item_sizes
     size_pos = {s: i for i, s in enumerate(sizes)}
     it_branch, it_node, it_count, it_out = [], [], [], []
-    for g in loop_groups:
-        o, s0, n = int(g_op[g]), int(g_start[g]), int(g_count[g])
-        for off in range(0, n, chunk):
-            cnt = min(chunk, n - off)
-            size = chunk if cnt == chunk else max(MIN_ITEM, next_pow2(cnt))
-            it_branch.append(loop_pos[o] * len(sizes) + size_pos[size])
-            it_node.append(s0 + off)
-            it_count.append(cnt)
-            it_out.append(out_starts(o, g_base[g] + off))
+    for c in items:
+        o, cnt = int(g_op[c_group[c]]), c_count[c]
+        size = chunk if cnt == chunk else max(MIN_ITEM, next_pow2(cnt))
+        it_branch.append(loop_pos[o] * len(sizes) + size_pos[size])
+        it_node.append(c_start[c])
+        it_count.append(cnt)
+        it_out.append(out_starts(o, c_base[c]))
     n_items = len(it_branch)
     W = A
     items_branch = np.zeros(W, np.int32)
