@@ -31,6 +31,9 @@ from jax import lax
 
 __all__ = ["Executor"]
 
+# Index literals must match the int32 index arrays, also when x64 is on.
+_I0 = np.int32(0)
+
 _LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_out", "n_items")
 
 
@@ -56,7 +59,7 @@ class Executor:
                        count: jax.Array, size: int) -> tuple[list, jax.Array, jax.Array]:
         """The item's input rows: padded rows repeat the first real row."""
         n_in = len(op.in_tidx)
-        idx = lax.dynamic_slice(in_idx, (first, 0), (size, in_idx.shape[1]))[:, :n_in]
+        idx = lax.dynamic_slice(in_idx, (first, _I0), (size, in_idx.shape[1]))[:, :n_in]
         valid = jnp.arange(size) < count
         idx = jnp.where(valid[:, None], idx, idx[:1])
         xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
@@ -69,6 +72,17 @@ class Executor:
             for t, j in getattr(self.ops[o], which):
                 k[t] = max(k.get(t, 0), j + 1)
         return k
+
+    def _call(self, op: Any, params: Any, xs: list) -> list:
+        """Runs ``op``, checking its results against its declared types."""
+        ys = op.spec.fn(self._params_for(op, params), *xs)
+        for y, t in zip(ys, op.spec.out_types):
+            if y.shape[1:] != t.shape or y.dtype != t.dtype:
+                raise TypeError(
+                    f"{op.spec.label} returned {y.dtype}{list(y.shape[1:])} but its type is {t}: were the "
+                    "params made by compiler.init (same dtypes and shapes)?"
+                )
+        return ys
 
     # ------------------------------------------------------------- forward
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
@@ -94,7 +108,7 @@ class Executor:
             idx = arrays["in_idx"][jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
             xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
-            ys = op.spec.fn(self._params_for(op, params), *xs)
+            ys = self._call(op, params, xs)
             for y, (t, k) in zip(ys, op.out_slots):
                 start = arrays["hoist_out"][h, self.model.slot_index[(t, k)]]
                 dest = jnp.where(valid, start + rows, S)  # S is out of bounds: dropped
@@ -111,7 +125,7 @@ class Executor:
             for size in self.sizes:
                 def branch(lparams, arenas, in_idx, first, count, op=op, size=size):
                     xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
-                    ys = op.spec.fn(self._params_for(op, lparams), *xs)
+                    ys = self._call(op, lparams, xs)
                     out = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
                            for t, k in k_out.items()}
                     for y, (t, k) in zip(ys, op.out_slots):
@@ -131,7 +145,7 @@ class Executor:
                                 arrays["items_node"][i], arrays["items_count"][i])
             arenas = dict(arenas)
             for t, k_max in k_out.items():
-                zeros = (0,) * len(self.types[t].shape)
+                zeros = (_I0,) * len(self.types[t].shape)
                 for k in range(k_max):
                     start = arrays["items_out"][i, slot_index[(t, k)]]
                     arenas[t] = lax.dynamic_update_slice(arenas[t], chunks[t][k], (start, *zeros))
@@ -202,7 +216,7 @@ class Executor:
                     continue
                 shape = self.types[t].shape
                 ct_chunks[t] = jnp.stack([
-                    lax.dynamic_slice(ct[t], (arrays["items_out"][i, slot_index[(t, k)]], *(0,) * len(shape)),
+                    lax.dynamic_slice(ct[t], (arrays["items_out"][i, slot_index[(t, k)]], *(_I0,) * len(shape)),
                                       (C, *shape))
                     for k in range(k_max)])
             in_cts, in_rows, p_ct = lax.switch(
