@@ -90,12 +90,11 @@ def make_calculator(dtype: str = "float32", seed: int = 0, n: int = 20):
 # ------------------------------------------------------------ Tree-LSTM
 def make_tree_lstm(dtype: str = "float32", seed: int = 0, n: int = 20, hidden: int = 6, words: int = 50):
     cell = fd.BinaryTreeLSTMCell(hidden)
-    embed = fd.Embedding(words, 4)
+    embed = fd.Embedding(words, 4, dtype=dtype)
     h = fd.TensorType((hidden,), dtype)
     state = fd.TupleType(h, h)
     decl = fd.ForwardDeclaration(fd.PyObjectType(), state)
-    to_dtype = fd.Function(lambda x: x.astype(dtype))
-    leaf = (fd.Scalar("int32") >> fd.Function(embed) >> to_dtype
+    leaf = (fd.Scalar("int32") >> fd.Function(embed)
             >> fd.AllOf(fd.Identity(), fd.Zeros(fd.TupleType(state, state))) >> fd.Function(cell) >> fd.GetItem(1))
     inner = fd.AllOf(fd.Zeros(fd.TensorType((4,), dtype)), fd.Record((decl(), decl()))) >> fd.Function(cell) \
         >> fd.GetItem(1)

@@ -139,12 +139,14 @@ class Embedding(Layer):
     otherwise an out-of-range id known at ``build_batch`` is a ValueError.
     ``initializer`` is a JAX initializer or an array of shape
     ``(num_buckets, num_units_out)``; the default is normal with standard
-    deviation 1/sqrt(num_units_out).
+    deviation 1/sqrt(num_units_out). ``dtype`` is the table's dtype.
     """
 
     def __init__(self, num_buckets: int, num_units_out: int, initializer: Any = None,
-                 trainable: bool = True, mod_inputs: bool = True, name: str | None = None):
+                 trainable: bool = True, mod_inputs: bool = True, name: str | None = None,
+                 dtype: Any = "float32"):
         super().__init__(name, trainable)
+        self.dtype = TensorType((), dtype).dtype
         self.num_buckets = int(num_buckets)
         self.num_units_out = int(num_units_out)
         if self.num_buckets <= 0 or self.num_units_out <= 0:
@@ -167,8 +169,8 @@ class Embedding(Layer):
                 np.dtype(input_type.dtype).kind not in "iu":
             raise TypeError(f"{self!r} takes scalar integer ids, not {input_type}")
         if self._table is not None:
-            return {"table": jnp.asarray(self._table, dtype=jnp.float32)}
-        return {"table": self.initializer(key, (self.num_buckets, self.num_units_out), jnp.float32)}
+            return {"table": jnp.asarray(self._table, dtype=self.dtype)}
+        return {"table": self.initializer(key, (self.num_buckets, self.num_units_out), self.dtype)}
 
     def apply(self, params: dict, ids: jax.Array) -> jax.Array:
         ids = ids.astype(jnp.int32)

@@ -39,8 +39,7 @@ def test_grad_matches_finite_differences_and_reference(name):
         g4 = grad_fn(params, compiler.build_batch(examples[:4]))
         summed = jax.tree_util.tree_map(lambda *g: sum(g), *per_example)
         for a, b in zip(jax.tree_util.tree_leaves(g4), jax.tree_util.tree_leaves(summed)):
-            rtol = 1e-9 if a.dtype == jnp.float64 else 1e-5  # the embedding table stays float32
-            np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-12)
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
         # Central differences of the independent NumPy reference, on a few coordinates.
         rng = np.random.default_rng(0)
