@@ -1,0 +1,81 @@
+"""Input blocks: Scalar, Vector, Tensor, FromTensor, OneHot, Optional, Zeros, ..."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import fold as fd
+
+
+def test_scalar_vector_tensor():
+    s = fd.Scalar("int32")
+    assert s.input_type == fd.PyObjectType() and s.output_type == fd.TensorType((), "int32")
+    out = s.eval(7)
+    assert isinstance(out, np.ndarray) and out.shape == () and out.dtype == np.int32 and out == 7
+    np.testing.assert_array_equal(fd.Vector(3).eval([1, 2, 3]), np.array([1, 2, 3], np.float32))
+    np.testing.assert_array_equal(fd.Tensor((2, 2)).eval([[1, 2], [3, 4]]), [[1, 2], [3, 4]])
+
+
+def test_from_tensor_ignores_input():
+    block = fd.FromTensor(np.array([1.0, 2.0], np.float32))
+    assert block.output_type == fd.TensorType((2,))
+    np.testing.assert_array_equal(block.eval("anything"), [1.0, 2.0])
+    with pytest.raises(TypeError):
+        fd.FromTensor(np.array(["a"]))
+
+
+def test_input_transform_and_identity_and_void():
+    block = fd.InputTransform(lambda s: [ord(c) - 96 for c in s]) >> fd.Map(fd.Scalar()) >> fd.Sum()
+    assert float(block.eval("abc")) == 6.0
+    assert fd.Identity().eval({"a": 1}) == {"a": 1}
+    assert (fd.Scalar() >> fd.Void()).eval(3) is None
+    with pytest.raises(TypeError):
+        fd.InputTransform(3)
+
+
+def test_one_hot():
+    np.testing.assert_array_equal(fd.OneHot(3).eval(1), [0, 1, 0])
+    np.testing.assert_array_equal(fd.OneHot(2, 5, dtype="int32").eval(4), [0, 0, 1])
+    with pytest.raises(KeyError, match="outside"):
+        fd.OneHot(3).eval(3)
+    with pytest.raises(ValueError):
+        fd.OneHot(2, 2)
+
+
+def test_one_hot_from_list():
+    block = fd.OneHotFromList(["a", "b", "c"])
+    np.testing.assert_array_equal(block.eval("c"), [0, 0, 1])
+    np.testing.assert_array_equal(fd.OneHotFromList(["a", "b"], strict=False).eval("z"), [0, 0])
+    with pytest.raises(KeyError):
+        block.eval("z")
+    with pytest.raises(ValueError, match="duplicate"):
+        fd.OneHotFromList(["a", "a"])
+
+
+def test_optional():
+    block = fd.Optional(fd.Vector(2))
+    np.testing.assert_array_equal(block.eval([1, 2]), [1, 2])
+    np.testing.assert_array_equal(block.eval(None), [0, 0])
+    custom = fd.Optional(fd.Scalar(), fd.FromTensor(np.float32(-1)))
+    assert float(custom.eval(None)) == -1.0
+    assert custom.none_case.input_type == fd.VoidType()
+    seq = fd.Optional(fd.Map(fd.Scalar()))
+    assert seq.eval(None) == []
+
+
+def test_zeros():
+    t = fd.TupleType(fd.TensorType((2,)), fd.VoidType(), fd.SequenceType(fd.TensorType(())))
+    zeros = fd.Zeros(t).eval(None)
+    np.testing.assert_array_equal(zeros[0], [0, 0])
+    assert zeros[1] is None and zeros[2] == []
+    with pytest.raises(TypeError):
+        fd.Zeros(fd.PyObjectType())
+
+
+def test_broadcast_evaluates_to_endless_iterable():
+    out = (fd.Scalar() >> fd.Broadcast()).eval(2)
+    assert isinstance(out, itertools.repeat)
+    assert [float(v) for v in itertools.islice(out, 3)] == [2.0, 2.0, 2.0]

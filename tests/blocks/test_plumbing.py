@@ -1,0 +1,121 @@
+"""Pipe, Record, AllOf, GetItem, Slice and block-like conversion."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+
+
+def test_pipe_and_rshift():
+    block = fd.Pipe(fd.Scalar(), fd.Function(lambda x: x + 1), fd.Function(lambda x: 2 * x))
+    assert float(block.eval(3)) == 8.0
+    assert float((fd.Scalar() >> fd.Function(jnp.negative)).eval(3)) == -3.0
+    with pytest.raises(ValueError):
+        fd.Pipe()
+
+
+def test_record_dict_keys_are_sorted():
+    block = fd.Record({"b": fd.Scalar(), "a": fd.Vector(2)})
+    assert block.output_type == fd.TupleType(fd.TensorType((2,)), fd.TensorType(()))
+    a, b = block.eval({"a": [1, 2], "b": 3})
+    np.testing.assert_array_equal(a, [1, 2])
+    assert float(b) == 3.0
+
+
+def test_record_ordered_dict_keeps_order():
+    block = fd.Record(OrderedDict([("b", fd.Scalar()), ("a", fd.Vector(2))]))
+    assert block.output_type[0] == fd.TensorType(())
+
+
+def test_record_sequences_positional_and_keyed():
+    keyed = fd.Record([(1, fd.Scalar()), (0, fd.Vector(1))])
+    out = keyed.eval(([5], 7))
+    assert float(out[0]) == 7.0 and out[1].tolist() == [5.0]
+    positional = fd.Record((fd.Scalar(), fd.Scalar()))
+    assert [float(v) for v in positional.eval([1, 2])] == [1.0, 2.0]
+    nested = fd.convert_to_block([(fd.Scalar(), fd.Scalar()), fd.Scalar()])
+    assert nested.output_type == fd.TupleType(fd.TupleType(fd.TensorType(()), fd.TensorType(())),
+                                              fd.TensorType(()))
+
+
+def test_record_with_slice_keys_on_tuples():
+    inner = fd.Record([(slice(0, 2), fd.Identity()), (2, fd.Identity())])
+    block = (fd.Scalar(), fd.Scalar(), fd.Scalar()) >> inner
+    assert block.output_type == fd.TupleType(fd.TupleType(fd.TensorType(()), fd.TensorType(())),
+                                             fd.TensorType(()))
+    (x, y), z = block.eval((1, 2, 3))
+    assert (float(x), float(y), float(z)) == (1.0, 2.0, 3.0)
+
+
+def test_plain_dict_record_on_tuple_type_is_type_error():
+    with pytest.raises(TypeError, match="Record"):
+        (fd.Scalar(), fd.Scalar()) >> fd.Record({"a": fd.Identity()})
+    with pytest.raises(TypeError, match="example 0"):
+        fd.Compiler.create(fd.Record({"a": fd.Scalar()})).build_batch([(1.0,)])
+
+
+def test_all_of():
+    block = fd.Scalar() >> fd.AllOf(fd.Function(jnp.negative), fd.Identity())
+    a, b = block.eval(2)
+    assert (float(a), float(b)) == (-2.0, 2.0)
+    assert fd.AllOf().output_type == fd.VoidType()
+    assert fd.AllOf().eval(1) is None
+
+
+def test_get_item_on_pyobject_tuple_and_sequence():
+    assert fd.GetItem("a").eval({"a": 5}) == 5
+    assert float(((fd.Scalar(), fd.Vector(2)) >> fd.GetItem(0)).eval((4, [1, 2]))) == 4.0
+    assert float((fd.Map(fd.Scalar()) >> fd.GetItem(-1)).eval([1, 2, 3])) == 3.0
+    with pytest.raises(KeyError):
+        fd.GetItem("zz").eval({"a": 1})
+    with pytest.raises(TypeError):
+        (fd.Scalar(), fd.Scalar()) >> fd.GetItem(5)
+
+
+def test_slice():
+    block = fd.Map(fd.Scalar()) >> fd.Slice(step=-1)
+    assert [float(v) for v in block.eval(range(4))] == [3.0, 2.0, 1.0, 0.0]
+    tup = (fd.Scalar(), fd.Vector(1), fd.Scalar()) >> fd.Slice(start=1)
+    assert tup.output_type == fd.TupleType(fd.TensorType((1,)), fd.TensorType(()))
+    with pytest.raises(TypeError):
+        fd.Slice(1)
+
+
+def test_block_used_twice_is_rejected():
+    s = fd.Scalar()
+    fd.Map(s)
+    with pytest.raises(ValueError, match="already used"):
+        fd.Map(s)
+
+
+def test_type_mismatch_names_both_blocks_and_types():
+    with pytest.raises(TypeError) as info:
+        fd.Vector(3) >> fd.Map(fd.Scalar())
+    msg = str(info.value)
+    assert "Vector" in msg and "Map" in msg and "TensorType((3,), 'float32')" in msg
+    with pytest.raises(TypeError) as info:
+        (fd.Vector(3), fd.Vector(4, "int32")) >> fd.Concat()
+    msg = str(info.value)
+    assert "Record" in msg and "Concat" in msg and "int32" in msg
+
+
+def test_set_types_return_block_and_conflict():
+    block = fd.Identity()
+    assert block.set_input_type(fd.TensorType(())) is block
+    assert block.output_type == fd.TensorType(())
+    with pytest.raises(TypeError):
+        block.set_output_type(fd.TensorType((2,)))
+
+
+def test_convert_to_block():
+    assert isinstance(fd.convert_to_block({"a": fd.Scalar()}), fd.Record)
+    assert isinstance(fd.convert_to_block(np.zeros(2)), fd.FromTensor)
+    assert isinstance(fd.convert_to_block(jnp.zeros(2)), fd.FromTensor)
+    assert isinstance(fd.convert_to_block(fd.FC(2)), fd.Function)
+    with pytest.raises(TypeError):
+        fd.convert_to_block(3)

@@ -1,0 +1,76 @@
+"""Types: equality, hashing, repr, shorthand conversion, canonicalisation."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import fold as fd
+
+
+def test_equality_and_hashing():
+    assert fd.TensorType((3,)) == fd.TensorType([3], "float32")
+    assert fd.TensorType((3,)) != fd.TensorType((3,), "int32")
+    assert len({fd.TensorType(()), fd.TensorType(()), fd.TupleType(fd.TensorType(()))}) == 2
+    assert fd.SequenceType(fd.TensorType(())) != fd.BroadcastSequenceType(fd.TensorType(()))
+    assert fd.VoidType() == fd.VoidType() and fd.PyObjectType() != fd.VoidType()
+
+
+def test_repr_is_readable_and_round_trips():
+    t = fd.TupleType(fd.TensorType((2, 3), "int32"), fd.SequenceType(fd.TensorType(())))
+    assert repr(t) == "TupleType(TensorType((2, 3), 'int32'), SequenceType(TensorType((), 'float32')))"
+    assert eval(repr(t), {k: getattr(fd, k) for k in dir(fd)}) == t
+
+
+def test_tensor_type_properties():
+    t = fd.TensorType([2, 3], np.int16)
+    assert t.shape == (2, 3) and t.dtype == "int16" and t.ndim == 2
+    assert np.array(t).shape == (2, 3)
+    with pytest.raises(TypeError):
+        fd.TensorType(3)
+    with pytest.raises(TypeError):
+        fd.TensorType((-1,))
+    with pytest.raises(TypeError):
+        fd.TensorType((2,), "not-a-dtype")
+
+
+def test_64_bit_dtypes_follow_jax():
+    assert fd.TensorType((), "float64").dtype == "float32"
+    assert fd.TensorType((), "int64").dtype == "int32"
+    with jax.enable_x64(True):
+        assert fd.TensorType((), "float64").dtype == "float64"
+
+
+def test_tuple_type_protocol():
+    t = fd.TupleType(fd.TensorType(()), fd.TensorType((2,)), fd.VoidType())
+    assert len(t) == 3
+    assert t[1] == fd.TensorType((2,))
+    assert t[1:] == fd.TupleType(fd.TensorType((2,)), fd.VoidType())
+    assert list(t)[2] == fd.VoidType()
+
+
+@pytest.mark.parametrize("shorthand, expected", [
+    ([], fd.TensorType(())),
+    ((), fd.TensorType(())),
+    ((3,), fd.TensorType((3,))),
+    ([2, 4], fd.TensorType((2, 4))),
+    ("int32", fd.TensorType((), "int32")),
+    (np.dtype("float32"), fd.TensorType(())),
+    (((3,), "int32"), fd.TupleType(fd.TensorType((3,)), fd.TensorType((), "int32"))),
+    (fd.VoidType(), fd.VoidType()),
+])
+def test_convert_to_type(shorthand, expected):
+    assert fd.convert_to_type(shorthand) == expected
+
+
+def test_pyobject_containers_are_canonicalised():
+    assert fd.convert_to_type(fd.SequenceType(fd.PyObjectType())) == fd.PyObjectType()
+    assert fd.convert_to_type(fd.TupleType(fd.PyObjectType(), fd.PyObjectType())) == fd.PyObjectType()
+    assert fd.convert_to_type(fd.TupleType()) == fd.TupleType()
+    assert fd.SequenceType(fd.SequenceType(fd.PyObjectType())).element_type == fd.PyObjectType()
+
+
+def test_convert_rejects_nonsense():
+    with pytest.raises(TypeError):
+        fd.convert_to_type(3.5)
