@@ -301,7 +301,7 @@ def convert_to_block(x: Any) -> Block:
 
     A block is returned as is; a dict is a ``Record`` (sorted keys; an
     ``OrderedDict`` keeps its order); a tuple or list is a positional
-    ``Record``; a NumPy or JAX array is a ``FromTensor`` constant; a layer
+    ``Record``; a NumPy or JAX array (or NumPy scalar) is a ``FromTensor`` constant; a layer
     is wrapped in a ``Function``.
     """
     import numpy as np
@@ -318,7 +318,7 @@ def convert_to_block(x: Any) -> Block:
         from fold.blocks.plumbing import Record
 
         return Record(x)
-    if isinstance(x, np.ndarray) or _is_jax_array(x):
+    if isinstance(x, (np.ndarray, np.generic)) or _is_jax_array(x):
         from fold.blocks.inputs import FromTensor
 
         return FromTensor(x)
@@ -337,5 +337,5 @@ def is_block_like(x: Any) -> bool:
 
     from fold.blocks.layers import Layer
 
-    return isinstance(x, (Block, Layer, dict, tuple, list, np.ndarray)) or _is_jax_array(x)
+    return isinstance(x, (Block, Layer, dict, tuple, list, np.ndarray, np.generic)) or _is_jax_array(x)
 

@@ -82,7 +82,8 @@ class Map(Block):
         t = self.input_type
         if t is not None:
             _set_child(self, _element_type(self, t), elem, "input", "elements")
-        elif elem.input_type is not None and not isinstance(elem.input_type, PyObjectType):
+        elif elem.input_type is not None:
+            # A sequence of PyObjects is itself just a PyObject.
             self.set_input_type(SequenceType(elem.input_type))
         if elem.output_type is not None and self.input_type is not None:
             kind = BroadcastSequenceType if isinstance(self.input_type, BroadcastSequenceType) else SequenceType

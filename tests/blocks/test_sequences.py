@@ -1,0 +1,111 @@
+"""Sequence blocks: Map, Fold, RNN, Reduce, Sum/Min/Max/Mean, Zip, NGrams, ..."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+
+
+def floats(values):
+    return [float(v) for v in values]
+
+
+def test_map():
+    block = fd.Map(fd.Scalar() >> fd.Function(jnp.abs))
+    assert block.output_type == fd.SequenceType(fd.TensorType(()))
+    assert floats(block.eval([1, -2, 3])) == [1, 2, 3]
+    assert block.eval([]) == []
+
+
+def test_fold_is_left_fold():
+    block = fd.Map(fd.Scalar()) >> fd.Fold(fd.Function(lambda acc, x: 2 * acc + x), fd.FromTensor(np.float32(1)))
+    assert float(block.eval([1, 2, 3])) == ((1 * 2 + 1) * 2 + 2) * 2 + 3
+    assert float(block.eval([])) == 1.0
+
+
+def test_rnn_with_gru_matches_manual_loop():
+    cell = fd.GRUCell(3)
+    block = fd.Map(fd.Vector(2)) >> fd.RNN(cell)
+    compiler = fd.Compiler.create(block >> fd.GetItem(1))
+    params = compiler.init(jax.random.key(0))
+    xs = [[1.0, 2.0], [0.5, -1.0], [0.0, 3.0]]
+    outs, final = block.eval(xs, params)
+    h = jnp.zeros((1, 3))
+    for x, o in zip(xs, outs):
+        h, _ = cell.apply(params["gru_cell"], jnp.asarray([x]), h)
+        np.testing.assert_allclose(o, h[0], rtol=1e-5)
+    np.testing.assert_allclose(final, h[0], rtol=1e-5)
+
+
+def test_rnn_initial_state_from_input_and_given():
+    cell = fd.Function(lambda x, s: (x + s, s + 1))
+    from_input = (fd.Map(fd.Scalar()), fd.Scalar()) >> fd.RNN(cell, initial_state_from_input=True)
+    outs, final = from_input.eval(([1, 2], 10))
+    assert floats(outs) == [11, 13] and float(final) == 12
+    given = fd.Map(fd.Scalar()) >> fd.RNN(fd.Function(lambda x, s: (x + s, s + 1)),
+                                          initial_state=np.float32(5))
+    outs, final = given.eval([1, 1])
+    assert floats(outs) == [6, 7] and float(final) == 7
+    with pytest.raises(ValueError):
+        fd.RNN(fd.GRUCell(2), initial_state=np.zeros(2), initial_state_from_input=True)
+
+
+def test_reduce_sum_min_max_mean():
+    xs = [3.0, -1.0, 4.0, 1.5]
+    seq = fd.Map(fd.Scalar())
+    assert float((fd.Map(fd.Scalar()) >> fd.Sum()).eval(xs)) == sum(xs)
+    assert float((fd.Map(fd.Scalar()) >> fd.Min()).eval(xs)) == min(xs)
+    assert float((fd.Map(fd.Scalar()) >> fd.Max()).eval(xs)) == max(xs)
+    assert float((seq >> fd.Mean()).eval(xs)) == pytest.approx(np.mean(xs))
+    vec_mean = fd.Map(fd.Vector(2)) >> fd.Mean()
+    np.testing.assert_allclose(vec_mean.eval([[1, 2], [3, 6]]), [2, 4])
+    for reducer in (fd.Sum, fd.Min, fd.Max, fd.Mean):
+        assert float((fd.Map(fd.Scalar()) >> reducer()).eval([])) == 0.0
+
+
+def test_reduce_default_block():
+    block = fd.Map(fd.Scalar()) >> fd.Reduce(fd.Function(jnp.add), fd.FromTensor(np.float32(-7)))
+    assert float(block.eval([])) == -7.0
+    assert float(block.eval([2])) == 2.0
+
+
+def test_zip_and_broadcast():
+    block = (fd.Map(fd.Scalar()), fd.Scalar() >> fd.Broadcast()) >> fd.Zip() \
+        >> fd.Map(fd.Function(jnp.multiply))
+    assert floats(block.eval(([1, 2, 3], 10))) == [10, 20, 30]
+    shortest = (fd.Map(fd.Scalar()), fd.Map(fd.Scalar())) >> fd.ZipWith(fd.Function(jnp.add))
+    assert floats(shortest.eval(([1, 2, 3], [10, 20]))) == [11, 22]
+    with pytest.raises(TypeError, match="finite"):
+        (fd.Scalar() >> fd.Broadcast(), fd.Scalar() >> fd.Broadcast()) >> fd.Zip()
+
+
+def test_center_sequence_example_from_fold_docs():
+    seq = fd.Map(fd.Scalar())
+    block = seq >> fd.AllOf(fd.Identity(), fd.Mean() >> fd.Broadcast()) >> fd.Zip() \
+        >> fd.Map(fd.Function(jnp.subtract))
+    assert floats(block.eval([1, 2, 6])) == [-2, -1, 3]
+
+
+def test_ngrams_nth_length():
+    ngrams = fd.Map(fd.Scalar()) >> fd.NGrams(2)
+    assert ngrams.output_type == fd.SequenceType(fd.TupleType(fd.TensorType(()), fd.TensorType(())))
+    assert [floats(t) for t in ngrams.eval([1, 2, 3])] == [[1, 2], [2, 3]]
+    nth = (fd.Map(fd.Scalar()), fd.Identity()) >> fd.Nth()
+    assert float(nth.eval(([4, 5, 6], 1))) == 5.0
+    with pytest.raises(KeyError):
+        nth.eval(([4], 3))
+    length = fd.Length("int32")
+    assert int(length.eval([1, 2, 3])) == 3
+    with pytest.raises(TypeError, match="Nth"):
+        fd.Compiler.create((fd.Map(fd.Scalar()), fd.Identity(), fd.Identity()) >> fd.Nth())
+    with pytest.raises(TypeError, match="Length"):
+        fd.Void() >> fd.Length()
+
+
+def test_map_over_non_sequence_type_is_type_error():
+    with pytest.raises(TypeError):
+        fd.Scalar() >> fd.Map(fd.Identity())

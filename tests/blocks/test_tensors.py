@@ -1,0 +1,67 @@
+"""Function and Concat: type inference, results and errors."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+
+
+def test_function_infers_output_type_from_batched_input():
+    block = fd.Vector(3) >> fd.Function(lambda x: x[:, :2] * 2)
+    assert block.output_type == fd.TensorType((2,))
+    np.testing.assert_allclose(block.eval([1, 2, 3]), [2, 4])
+
+
+def test_function_unpacks_top_level_tuple_only():
+    def f(a, bc):
+        b, c = bc
+        return a + b * c
+
+    block = (fd.Scalar(), (fd.Scalar(), fd.Scalar())) >> fd.Function(f)
+    assert float(block.eval((1, (2, 3)))) == 7.0
+
+
+def test_function_tuple_result_is_tuple_type():
+    block = fd.Scalar() >> fd.Function(lambda x: (x, jnp.stack([x, x], -1)))
+    assert block.output_type == fd.TupleType(fd.TensorType(()), fd.TensorType((2,)))
+    a, b = block.eval(2)
+    assert float(a) == 2.0 and b.tolist() == [2.0, 2.0]
+
+
+def test_function_dropping_batch_dimension_is_type_error():
+    with pytest.raises(TypeError, match="leading dimension must be the batch"):
+        fd.Vector(3) >> fd.Function(lambda x: jnp.sum(x))
+
+
+def test_function_shape_error_is_type_error():
+    with pytest.raises(TypeError, match="cannot be applied"):
+        fd.Vector(3) >> fd.Function(lambda x: x @ jnp.ones((4, 2)))
+
+
+def test_function_on_pyobject_is_type_error():
+    with pytest.raises(TypeError, match="tensors"):
+        fd.Function(jnp.abs).set_input_type(fd.PyObjectType())
+
+
+def test_concat():
+    block = (fd.Vector(2), fd.Vector(3)) >> fd.Concat()
+    assert block.output_type == fd.TensorType((5,))
+    np.testing.assert_array_equal(block.eval(([1, 2], [3, 4, 5])), [1, 2, 3, 4, 5])
+    dim1 = (fd.Tensor((2, 1)), fd.Tensor((2, 2))) >> fd.Concat(concat_dim=1)
+    assert dim1.output_type == fd.TensorType((2, 3))
+    flat = ((fd.Vector(1), fd.Vector(1)), fd.Vector(1)) >> fd.Concat(flatten=True)
+    np.testing.assert_array_equal(flat.eval(([1], [2]), ) if False else flat.eval((([1], [2]), [3])), [1, 2, 3])
+
+
+@pytest.mark.parametrize("inputs, kwargs", [
+    ((fd.Vector(2), fd.Tensor((2, 2))), {}),
+    ((fd.Vector(2), fd.Vector(2, "int32")), {}),
+    (((fd.Vector(1), fd.Vector(1)), fd.Vector(1)), {}),
+    ((fd.Tensor((2, 1)), fd.Tensor((3, 1))), {"concat_dim": 1}),
+])
+def test_concat_incompatible_is_type_error(inputs, kwargs):
+    with pytest.raises(TypeError, match="Concat"):
+        inputs >> fd.Concat(**kwargs)
