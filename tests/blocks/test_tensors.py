@@ -53,7 +53,7 @@ def test_concat():
     dim1 = (fd.Tensor((2, 1)), fd.Tensor((2, 2))) >> fd.Concat(concat_dim=1)
     assert dim1.output_type == fd.TensorType((2, 3))
     flat = ((fd.Vector(1), fd.Vector(1)), fd.Vector(1)) >> fd.Concat(flatten=True)
-    np.testing.assert_array_equal(flat.eval(([1], [2]), ) if False else flat.eval((([1], [2]), [3])), [1, 2, 3])
+    np.testing.assert_array_equal(flat.eval((([1], [2]), [3])), [1, 2, 3])
 
 
 @pytest.mark.parametrize("inputs, kwargs", [

@@ -1,0 +1,124 @@
+"""Layers: FC, Embedding, cells against NumPy, naming, sharing, custom layers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+from fold.blocks.layers import snake_case
+from tests.models import sigmoid
+
+
+def test_fc_matches_numpy_and_accepts_tuples():
+    fc = fd.FC(3, activation=jnp.tanh)
+    block = (fd.Vector(2), fd.Vector(1)) >> fd.Function(fc)
+    compiler = fd.Compiler.create(block)
+    params = compiler.init(jax.random.key(0))
+    assert params["fc"]["w"].shape == (3, 3) and not np.any(np.asarray(params["fc"]["b"]))
+    x = np.array([1.0, -2.0, 0.5])
+    out = block.eval(([1.0, -2.0], [0.5]), params)
+    np.testing.assert_allclose(out, np.tanh(x @ np.asarray(params["fc"]["w"])), rtol=1e-5)
+    with pytest.raises(TypeError, match="FC"):
+        fd.Scalar() >> fd.FC(2)
+
+
+def test_embedding_modulo_and_initializer():
+    table = np.arange(12, dtype=np.float32).reshape(6, 2)
+    block = fd.Scalar("int32") >> fd.Embedding(6, 2, initializer=table)
+    np.testing.assert_array_equal(block.eval(-5), table[1])
+    np.testing.assert_array_equal(block.eval(8), table[2])
+    with pytest.raises(ValueError, match="shape"):
+        fd.Embedding(6, 3, initializer=table)
+    with pytest.raises(TypeError, match="integer"):
+        fd.Scalar() >> fd.Embedding(6, 2)
+
+
+def test_lstm_cell_matches_numpy():
+    cell = fd.LSTMCell(3, forget_bias=0.5)
+    block = (fd.Vector(2), (fd.Vector(3), fd.Vector(3))) >> fd.Function(cell)
+    compiler = fd.Compiler.create(block >> fd.GetItem(0))
+    params = compiler.init(jax.random.key(2))
+    w, b = np.asarray(params["lstm_cell"]["w"]), np.asarray(params["lstm_cell"]["b"])
+    x, c, h = np.array([0.1, -0.3]), np.array([0.5, 0.2, -0.1]), np.array([0.3, 0.0, 0.9])
+    out, (c2, h2) = block.eval((x, (c, h)), params)
+    i, f, g, o = np.split(np.concatenate([x, h]) @ w + b, 4)
+    c_ref = sigmoid(f + 0.5) * c + sigmoid(i) * np.tanh(g)
+    h_ref = sigmoid(o) * np.tanh(c_ref)
+    np.testing.assert_allclose(c2, c_ref, rtol=1e-5)
+    np.testing.assert_allclose(h2, h_ref, rtol=1e-5)
+    np.testing.assert_allclose(out, h_ref, rtol=1e-5)
+
+
+def test_gru_and_tree_lstm_state_types():
+    assert fd.GRUCell(4).state_type == fd.TensorType((4,))
+    h = fd.TensorType((4,))
+    assert fd.BinaryTreeLSTMCell(4).state_type == fd.TupleType(h, h)
+    with pytest.raises(TypeError):
+        (fd.Vector(2), fd.Vector(5)) >> fd.GRUCell(4)
+
+
+def test_default_names_are_snake_case_and_deterministic():
+    fc1, fc2 = fd.FC(2), fd.FC(2)
+    block = fd.Vector(2) >> fc1 >> fc2
+    compiler = fd.Compiler.create(block)
+    assert sorted(compiler.init(jax.random.key(0))) == ["fc", "fc_1"]
+    assert (fc1.name, fc2.name) == ("fc", "fc_1")
+    assert snake_case("BinaryTreeLSTMCell") == "binary_tree_lstm_cell"
+    assert snake_case("GRUCell") == "gru_cell" and snake_case("MyLayer") == "my_layer"
+
+
+def test_explicit_names_and_duplicates():
+    block = fd.Vector(2) >> fd.FC(2, name="enc") >> fd.FC(2, name="enc")
+    with pytest.raises(ValueError, match="named 'enc'"):
+        fd.Compiler.create(block)
+
+
+def test_shared_layer_shares_params_across_roots():
+    shared = fd.FC(2)
+    a = fd.Vector(2) >> shared
+    b = fd.Record((fd.Vector(3) >> fd.FC(2, name="other"), fd.Vector(2) >> shared)) >> fd.GetItem(1)
+    params = fd.Compiler.create(b).init(jax.random.key(0))
+    compiler_a = fd.Compiler.create(a)
+    out_a = compiler_a.apply(params, compiler_a.build_batch([[1.0, 2.0]])).outputs
+    out_b = b.eval(([0, 0, 0], [1.0, 2.0]), params)
+    np.testing.assert_allclose(np.asarray(out_a)[0], out_b)
+    assert sorted(params) == ["fc", "other"]
+
+
+def test_custom_layer():
+    class Scale(fd.Layer):
+        def __init__(self, name=None):
+            super().__init__(name=name)
+
+        def init(self, key, input_type):
+            return {"s": 2.0 * jnp.ones(input_type.shape, input_type.dtype)}
+
+        def apply(self, params, x):
+            return params["s"] * x
+
+    block = fd.Vector(2) >> Scale()
+    compiler = fd.Compiler.create(block)
+    params = compiler.init(jax.random.key(0))
+    assert list(params) == ["scale"]
+    np.testing.assert_array_equal(block.eval([1, 2], params), [2, 4])
+
+
+def test_layer_with_two_input_types_is_type_error():
+    fc = fd.FC(2)
+    block = (fd.Vector(2) >> fc, fd.Vector(3) >> fc) >> fd.Concat()
+    with pytest.raises(TypeError, match="input types"):
+        fd.Compiler.create(block)
+
+
+def test_wrong_params_shape_is_a_clear_error():
+    block = fd.Vector(2) >> fd.FC(2)
+    compiler = fd.Compiler.create(block)
+    assert compiler.init(jax.random.key(0))["fc"]["w"].shape == (2, 2)
+    bad = {"fc": {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}}
+    with pytest.raises(TypeError, match="compiler.init"):
+        compiler.apply(bad, compiler.build_batch([[1, 2]]))
+    with pytest.raises(KeyError, match="fc"):
+        compiler.apply({}, compiler.build_batch([[1, 2]]))

@@ -1,0 +1,103 @@
+"""Compiler: root checks, params, apply results, batches and eval."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+
+
+@pytest.mark.parametrize("root", [
+    lambda: fd.Map(fd.Scalar()),
+    lambda: fd.Identity(),
+    lambda: fd.InputTransform(str),
+    lambda: fd.AllOf(fd.Void(), fd.Void()) >> fd.GetItem(slice(0, 0)),
+    lambda: fd.Void(),
+])
+def test_roots_that_cannot_compile_are_type_errors(root):
+    with pytest.raises(TypeError):
+        fd.Compiler.create(root())
+
+
+def test_tuple_root_with_void_parts():
+    block = fd.AllOf(fd.Scalar(), fd.Scalar() >> fd.Metric("m"), fd.Scalar() >> fd.Function(lambda x: x[:, None]))
+    compiler = fd.Compiler.create(block)
+    result = compiler.apply({}, compiler.build_batch([4.0, 5.0]))
+    a, none, c = result.outputs
+    assert none is None
+    np.testing.assert_array_equal(np.asarray(a), [4, 5])
+    assert np.asarray(c).shape == (2, 1)
+    np.testing.assert_array_equal(np.asarray(result.metrics["m"].values[:2]), [4, 5])
+
+
+def test_compiler_needs_create():
+    with pytest.raises(TypeError, match="create"):
+        fd.Compiler()
+
+
+def test_init_is_deterministic_and_per_name():
+    block = fd.Vector(2) >> fd.FC(3, name="a") >> fd.FC(3, name="b")
+    p1 = fd.Compiler.create(block).init(jax.random.key(0))
+    p2 = fd.Compiler.create(block).init(jax.random.key(0))
+    p3 = fd.Compiler.create(block).init(jax.random.key(1))
+    np.testing.assert_array_equal(p1["a"]["w"], p2["a"]["w"])
+    assert not np.allclose(p1["a"]["w"], p3["a"]["w"])
+
+
+def test_build_batch_needs_examples_and_apply_needs_a_batch():
+    compiler = fd.Compiler.create(fd.Scalar())
+    with pytest.raises(ValueError):
+        compiler.build_batch([])
+    with pytest.raises(TypeError, match="Batch"):
+        compiler.apply({}, [1.0])
+
+
+def test_batches_order_remainder_shuffle_and_workers():
+    compiler = fd.Compiler.create(fd.Scalar())
+    data = list(range(10))
+
+    def values(batches):
+        return [np.asarray(compiler.apply({}, b).outputs).tolist() for b in batches]
+
+    assert values(compiler.batches(data, 4)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert values(compiler.batches(data, 4, drop_remainder=True)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    shuffled = values(compiler.batches(data, 4, shuffle=True, seed=3))
+    assert sorted(v for b in shuffled for v in b) == data and shuffled != values(compiler.batches(data, 4))
+    assert shuffled == values(compiler.batches(data, 4, shuffle=True, seed=3))
+    assert values(compiler.batches(data, 3, num_workers=2)) == values(compiler.batches(data, 3))
+    with pytest.raises(ValueError):
+        list(compiler.batches(data, 0))
+
+
+def test_batch_is_a_pytree_for_jit():
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: x * 3)) >> fd.Sum())
+    batch = compiler.build_batch([[1, 2], [3]])
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    rebuilt = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert rebuilt.layout == batch.layout
+    np.testing.assert_array_equal(np.asarray(jax.jit(compiler.apply)({}, rebuilt).outputs), [9, 9])
+
+
+def test_eval_conversions():
+    block = fd.AllOf(fd.Map(fd.Scalar()), fd.Map(fd.Scalar()) >> fd.Length(), fd.Void())
+    seq, length, void = block.eval([1, 2])
+    assert isinstance(seq, list) and [float(v) for v in seq] == [1, 2]
+    assert isinstance(length, np.ndarray) and length.shape == () and float(length) == 2
+    assert void is None
+    assert fd.InputTransform(lambda x: x + 1).eval(1) == 2
+
+
+def test_function_batches_across_examples():
+    calls = []
+
+    def double(x):
+        calls.append(x.shape)
+        return 2 * x
+
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(jnp.abs) >> fd.Function(double)) >> fd.Sum())
+    out = compiler.apply({}, compiler.build_batch([[1, -2], [-3]]))
+    np.testing.assert_array_equal(np.asarray(out.outputs), [6, 6])
+    assert all(shape[0] >= 3 for shape in calls), calls  # one batched call covers all three elements
