@@ -5,7 +5,7 @@
 >>> with c.scope():
 ...     x = fd.Scalar().reads(c.input)
 ...     y = fd.Function(lambda a, b: a * b).reads(x, x)
-...     c.output.reads(y)
+...     _ = c.output.reads(y)
 >>> float(c.eval(3))
 9.0
 """
