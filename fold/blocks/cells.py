@@ -41,8 +41,8 @@ class _Cell(Layer):
             raise TypeError(f"{self!r} needs state {expected}, got input {input_type}")
 
 
-class LSTMCell(_Cell):
-    """LSTM cell: ``(x, (c, h)) -> (h', (c', h'))`` with a forget-gate bias (default 1)."""
+class _LSTMFamily(_Cell):
+    """Cells whose state is an LSTM state ``(c, h)``, with a forget-gate bias."""
 
     def __init__(self, num_units: int, forget_bias: float = 1.0, initializer: Callable | None = None,
                  name: str | None = None):
@@ -53,6 +53,10 @@ class LSTMCell(_Cell):
     def state_type(self) -> TupleType:
         h = TensorType((self.num_units,))
         return TupleType(h, h)
+
+
+class LSTMCell(_LSTMFamily):
+    """LSTM cell: ``(x, (c, h)) -> (h', (c', h'))`` with a forget-gate bias (default 1)."""
 
     def init(self, key: jax.Array, input_type: Type) -> dict:
         x, state = self._split_input(input_type)
@@ -97,23 +101,13 @@ class GRUCell(_Cell):
         return h2, h2
 
 
-class BinaryTreeLSTMCell(_Cell):
+class BinaryTreeLSTMCell(_LSTMFamily):
     """Binary Tree-LSTM cell (Tai et al. 2015, N-ary with N=2).
 
     ``(x, ((c_l, h_l), (c_r, h_r))) -> (h, (c, h))`` with input, output and
     update gates and one forget gate per child, each reading ``x`` and both
-    children's ``h``.
+    children's ``h``. The forget gates get ``forget_bias`` (default 1).
     """
-
-    def __init__(self, num_units: int, forget_bias: float = 1.0, initializer: Callable | None = None,
-                 name: str | None = None):
-        super().__init__(num_units, initializer, name)
-        self.forget_bias = forget_bias
-
-    @property
-    def state_type(self) -> TupleType:
-        h = TensorType((self.num_units,))
-        return TupleType(h, h)
 
     def init(self, key: jax.Array, input_type: Type) -> dict:
         x, states = self._split_input(input_type)
