@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import time
 
 import jax
 import jax.numpy as jnp
@@ -69,10 +70,14 @@ def main() -> None:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    step, window = 0, []
+    step, window, sizes = 0, [], set()
+    start = time.perf_counter()
     while step < args.steps:
         for batch in compiler.batches(data, args.batch_size, shuffle=True, seed=args.seed + step,
                                       drop_remainder=True):
+            if batch.layout not in sizes:
+                sizes.add(batch.layout)
+                print(f"compiling for size class {batch.layout.size_class} ...", flush=True)
             params, opt_state, loss = train_step(params, opt_state, batch)
             window.append(float(loss))
             step += 1
@@ -81,11 +86,12 @@ def main() -> None:
                 window = []
             if step >= args.steps:
                 break
+    print(f"{step} steps in {time.perf_counter() - start:.1f} s, {len(sizes)} compilation(s)")
 
     test = [(t, tree_sum(t)) for t in (random_tree(rng, n) for n in (1, 4, 9))]
-    for tree, target in test:
-        _, metrics = compiler.root.eval((tree, target), params)
-        print(f"sum of {tree}: {target:+.3f}, squared error {float(metrics['loss'][0]):.4f}")
+    errors = jax.jit(compiler.apply)(params, compiler.build_batch(test)).metrics["loss"].values
+    for (tree, target), error in zip(test, errors):
+        print(f"sum of {tree}: {target:+.3f}, squared error {float(error):.4f}")
 
 
 if __name__ == "__main__":
