@@ -116,3 +116,28 @@ def test_training_with_optax_reduces_loss():
         params, opt_state, loss = train_step(params, opt_state, batch)
         losses.append(float(loss))
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_integer_values_computed_inside_the_loop():
+    """An op with an int output in the loop (argmax -> embedding) has no cotangent but works."""
+    embed, fc = fd.Embedding(5, 3), fd.FC(5)
+    elem = (fd.Vector(2) >> fd.Function(fc) >> fd.Function(lambda h: jnp.argmax(h, -1).astype(jnp.int32))
+            >> fd.Function(embed))
+    model = fd.Map(elem) >> fd.Fold(fd.Function(lambda a, x: a * 0.5 + x), fd.Zeros((3,)))
+    compiler = fd.Compiler.create(model)
+    params = compiler.init(jax.random.key(0))
+    examples = [[[1, 2], [3, -4], [0.5, 0.5]], [[1, 1]], [[-1, 0]] * 9]
+    batch = compiler.build_batch(examples)
+    assert batch.layout.loop_ops, "the embedding should run inside the loop here"
+    table = np.asarray(params["embedding"]["table"])
+    w, b = np.asarray(params["fc"]["w"]), np.asarray(params["fc"]["b"])
+    for row, xs in zip(np.asarray(compiler.apply(params, batch).outputs), examples):
+        acc = np.zeros(3)
+        for x in xs:
+            acc = acc * 0.5 + table[np.argmax(np.maximum(np.asarray(x) @ w + b, 0))]
+        np.testing.assert_allclose(row, acc, rtol=1e-5, atol=1e-6)
+    grad_fn = jax.jit(jax.grad(lambda p, bt: jnp.sum(compiler.apply(p, bt).outputs ** 2)))
+    grads = grad_fn(params, batch)
+    assert not np.any(np.asarray(grads["fc"]["w"]))  # argmax blocks the gradient
+    summed = sum(np.asarray(grad_fn(params, compiler.build_batch([e]))["embedding"]["table"]) for e in examples)
+    np.testing.assert_allclose(np.asarray(grads["embedding"]["table"]), summed, rtol=1e-5)
