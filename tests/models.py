@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import random
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 import fold as fd
+
+
+def enable_x64():
+    """float64 mode as a context manager, on old and new JAX alike."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64 as legacy  # JAX < 0.7
+
+    return legacy()
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

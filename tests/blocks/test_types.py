@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 
 import fold as fd
+from tests.models import enable_x64
 
 
 def test_equality_and_hashing():
@@ -38,7 +38,7 @@ def test_tensor_type_properties():
 def test_64_bit_dtypes_follow_jax():
     assert fd.TensorType((), "float64").dtype == "float32"
     assert fd.TensorType((), "int64").dtype == "int32"
-    with jax.enable_x64(True):
+    with enable_x64():
         assert fd.TensorType((), "float64").dtype == "float64"
 
 

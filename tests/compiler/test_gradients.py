@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import fold as fd
-from tests.models import MODELS
+from tests.models import MODELS, enable_x64
 
 
 def _loss_from_outputs(out: jax.Array) -> jax.Array:
@@ -18,7 +18,7 @@ def _loss_from_outputs(out: jax.Array) -> jax.Array:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_grad_matches_finite_differences_and_reference(name):
-    with jax.enable_x64(True):
+    with enable_x64():
         block, reference, examples = MODELS[name](dtype="float64", n=8)
         compiler = fd.Compiler.create(block)
         params = compiler.init(jax.random.key(3))
