@@ -86,6 +86,7 @@ class Executor:
 
     # ------------------------------------------------------------- forward
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
+        """One ``[A + C, *shape]`` arena per type, constants in their rows, zeros elsewhere."""
         A, C = layout.size_class, self.chunk
         arenas = {}
         for t, tt in enumerate(self.types):
@@ -98,6 +99,7 @@ class Executor:
         return arenas
 
     def run_hoisted(self, params: Any, arenas: dict, arrays: dict, layout: Any) -> dict:
+        """Runs every depth-1 group once, on ``A`` padded rows, and scatters its outputs."""
         A = layout.size_class
         S = A + self.chunk
         rows = jnp.arange(A)
