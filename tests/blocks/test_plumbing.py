@@ -119,3 +119,17 @@ def test_convert_to_block():
     assert isinstance(fd.convert_to_block(fd.FC(2)), fd.Function)
     with pytest.raises(TypeError):
         fd.convert_to_block(3)
+
+
+def test_types_flow_backwards_through_pipes_and_tuples():
+    pipe = fd.Identity() >> fd.Identity()
+    pipe.set_output_type(fd.TensorType((2,)))
+    assert pipe.input_type == fd.TensorType((2,))
+    assert pipe.children()[0].output_type == fd.TensorType((2,))
+    mapped = fd.Map(fd.Identity())
+    mapped.set_output_type(fd.SequenceType(fd.TensorType(())))
+    assert mapped.element_block.output_type == fd.TensorType(())
+    fold = fd.Fold(fd.Function(jnp.add), fd.Zeros(fd.TensorType(())))
+    assert fold.output_type == fd.TensorType(())
+    fold.set_input_type(fd.SequenceType(fd.TensorType(())))
+    assert fold.combine_block.input_type == fd.TupleType(fd.TensorType(()), fd.TensorType(()))
