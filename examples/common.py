@@ -1,0 +1,101 @@
+"""Helpers shared by the examples: training loop, progress bars, reports."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+import fold as fd
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformation,
+                    metric: str = "loss") -> Callable:
+    """A jitted SGD step minimising the mean of ``metric`` over a batch."""
+
+    @jax.jit
+    def train_step(params, opt_state, batch):
+        def loss_fn(p):
+            return compiler.apply(p, batch).metrics[metric].mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step
+
+
+def train(compiler: fd.Compiler, params: Any, data: list, *, epochs: int, batch_size: int,
+          optimizer: optax.GradientTransformation, seed: int, quiet: bool = False,
+          on_epoch: Callable[[int, Any], dict] | None = None) -> tuple[Any, list[dict]]:
+    """Trains with ``compiler.batches``; returns params and one record per epoch."""
+    step = make_train_step(compiler, optimizer)
+    opt_state = optimizer.init(params)
+    history = []
+    for epoch in tqdm(range(epochs), desc="epochs", disable=quiet):
+        start, losses = time.perf_counter(), []
+        # Equal batch sizes keep the number of compilations down (it is a static shape).
+        batches = compiler.batches(data, batch_size, shuffle=True, seed=seed * 10_000 + epoch,
+                                   drop_remainder=len(data) >= batch_size)
+        n_batches = max(len(data) // batch_size, 1)
+        for batch in tqdm(batches, total=n_batches, desc=f"epoch {epoch + 1}", leave=False, disable=quiet):
+            params, opt_state, loss = step(params, opt_state, batch)
+            losses.append(float(loss))
+        record = {"epoch": epoch + 1, "train_loss": sum(losses) / len(losses),
+                  "seconds": round(time.perf_counter() - start, 3)}
+        if on_epoch is not None:
+            record.update(on_epoch(epoch, params))
+        history.append(record)
+        if not quiet:
+            tqdm.write(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+    return params, history
+
+
+def per_example_metrics(compiler: fd.Compiler, params: Any, data: list, batch_size: int = 256) -> dict:
+    """Per metric, the mean of its entries for each example of ``data`` (NaN if none)."""
+    apply = jax.jit(compiler.apply)
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, np.ndarray] = {}
+    for offset, batch in zip(range(0, len(data), batch_size), compiler.batches(data, batch_size)):
+        for name, m in apply(params, batch).metrics.items():
+            mask = np.asarray(m.mask)
+            values = np.asarray(m.values)[mask].reshape(int(mask.sum()), -1).mean(axis=1)
+            example = np.asarray(m.example)[mask] + offset
+            sums.setdefault(name, np.zeros(len(data)))
+            counts.setdefault(name, np.zeros(len(data)))
+            np.add.at(sums[name], example, values)
+            np.add.at(counts[name], example, 1)
+    with np.errstate(invalid="ignore"):
+        return {name: sums[name] / counts[name] for name in sums}
+
+
+def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
+    """Prints a plain aligned table."""
+    cells = [header] + [[f"{c:.4f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    print(f"\n{title}")
+    for i, row in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def write_report(name: str, report: dict, path: str | None = None) -> pathlib.Path:
+    """Writes ``report`` (plus the machine) as JSON, by default to examples/results/NAME.json."""
+    out = pathlib.Path(path) if path else RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {**report, "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                                    "jax_backend": jax.default_backend(),
+                                    "devices": [str(d) for d in jax.devices()]}}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return out
