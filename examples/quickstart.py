@@ -37,11 +37,11 @@ def tree_sum(tree) -> float:
 def build_model(hidden: int = 32) -> fd.Block:
     """(tree, target) -> squared error, reported as the 'loss' metric."""
     node = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((hidden,)))
-    leaf = fd.Scalar() >> fd.Function(lambda x: x[:, None]) >> fd.FC(hidden, activation=jnp.tanh)
+    leaf = fd.InputTransform(lambda x: [x]) >> fd.Vector(1) >> fd.FC(hidden, activation=jnp.tanh)
     inner = fd.Record((node(), node())) >> fd.Concat() >> fd.FC(hidden, activation=jnp.tanh)
     node.resolve_to(fd.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
-    predict = node() >> fd.FC(1, activation=None) >> fd.Function(lambda y: y[:, 0])
-    error = fd.Function(lambda y, t: (y - t) ** 2)
+    predict = node() >> fd.FC(1, activation=None)
+    error = fd.Function(lambda y, t: (y[:, 0] - t) ** 2)
     return fd.Record((predict, fd.Scalar())) >> error >> fd.Metric("loss")
 
 
@@ -56,7 +56,8 @@ def main() -> None:
     trees = [random_tree(rng, rng.randint(1, 12)) for _ in range(2000)]
     data = [(t, tree_sum(t)) for t in trees]
 
-    compiler = fd.Compiler.create(build_model())
+    # Small batches of small trees: 32-row loop items waste less and compile faster.
+    compiler = fd.Compiler.create(build_model(), chunk_size=32)
     params = compiler.init(jax.random.key(args.seed))
     optimizer = optax.adam(3e-3)
     opt_state = optimizer.init(params)
