@@ -1,0 +1,82 @@
+"""Loading the Stanford Sentiment Treebank (PTB-style trees, one per line).
+
+A tree is ``(label, word)`` for a leaf or ``(label, left, right)`` for an
+inner node; labels are 0-4. Parsing is iterative, so deep trees are fine.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import re
+from typing import Any
+
+DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sst"
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def default_data_dir() -> pathlib.Path:
+    """``../shared/data/sst`` next to the project checkout."""
+    return DATA
+
+
+def parse_tree(line: str) -> Any:
+    """Parses ``(3 (2 The) (4 (3 good) (2 film)))`` into nested tuples."""
+    stack: list[list] = []
+    root = None
+    tokens = _TOKEN.findall(line)
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "(":
+            stack.append([int(tokens[i + 1])])
+            i += 2
+            continue
+        if tok == ")":
+            node = tuple(stack.pop())
+            if len(node) not in (2, 3):
+                raise ValueError(f"not a binary tree node: {node!r} in {line[:60]!r}")
+            if stack:
+                stack[-1].append(node)
+            else:
+                root = node
+        else:
+            stack[-1].append(tok)
+        i += 1
+    if root is None or stack:
+        raise ValueError(f"unbalanced tree: {line[:60]!r}")
+    return root
+
+
+def words(tree: Any) -> list[str]:
+    """The leaves' words, left to right."""
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if len(node) == 2 and isinstance(node[1], str):
+            out.append(node[1])
+        else:
+            stack.extend(reversed(node[1:]))
+    return out
+
+
+def load(split: str, data_dir: str | pathlib.Path | None = None, limit: int | None = None) -> list[Any]:
+    """The trees of ``train``, ``dev`` or ``test``."""
+    path = pathlib.Path(data_dir or DATA) / f"{split}.txt"
+    if not path.exists():
+        raise FileNotFoundError(f"SST split not found: {path} (pass --data-dir)")
+    trees = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                trees.append(parse_tree(line))
+                if limit is not None and len(trees) >= limit:
+                    break
+    return trees
+
+
+def vocabulary(trees: list[Any], min_count: int = 1) -> dict[str, int]:
+    """Word -> id for words seen at least ``min_count`` times, most frequent first."""
+    counts = collections.Counter(w for t in trees for w in words(t))
+    ranked = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    return {w: i for i, w in enumerate(ranked)}
