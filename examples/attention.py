@@ -91,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.t0, args.train_size, args.test_size, args.epochs, args.hidden = [10], 1_024, 256, 4, 32
+        args.learning_rate = 1e-2
     return args
 
 

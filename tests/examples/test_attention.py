@@ -23,4 +23,5 @@ def test_quick_run_learns(tmp_path):
     history = run["history"]
     assert history[-1]["train_loss"] < 0.7 * history[0]["train_loss"]
     assert history[-1]["test_mse"] < history[0]["test_mse"]
-    assert 0.0 <= run["test_accuracy"] <= 1.0 and run["test_mse"] < 0.2
+    # Predicting 0 gives the target's variance, 2/3: the model must do clearly better.
+    assert 0.0 <= run["test_accuracy"] <= 1.0 and run["test_mse"] < 0.3
