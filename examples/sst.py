@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sst"
-_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+# Words may contain non-ASCII spaces (e.g. "8\xa01\\/2"): split on ASCII blanks only.
+_TOKEN = re.compile(r"\(|\)|[^ \t\r\n()]+")
 
 
 def default_data_dir() -> pathlib.Path:
@@ -61,18 +62,17 @@ def words(tree: Any) -> list[str]:
 
 
 def load(split: str, data_dir: str | pathlib.Path | None = None, limit: int | None = None) -> list[Any]:
-    """The trees of ``train``, ``dev`` or ``test``."""
+    """The trees of ``train``, ``dev`` or ``test``; ``limit`` takes an evenly spaced subset.
+
+    (The files are not shuffled: their first lines are mostly positive.)
+    """
     path = pathlib.Path(data_dir or DATA) / f"{split}.txt"
     if not path.exists():
         raise FileNotFoundError(f"SST split not found: {path} (pass --data-dir)")
-    trees = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                trees.append(parse_tree(line))
-                if limit is not None and len(trees) >= limit:
-                    break
-    return trees
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if limit is not None and limit < len(lines):
+        lines = lines[:: len(lines) // limit][:limit]
+    return [parse_tree(line) for line in lines]
 
 
 def vocabulary(trees: list[Any], min_count: int = 1) -> dict[str, int]:

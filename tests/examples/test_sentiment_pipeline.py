@@ -17,6 +17,8 @@ def test_parse_tree_and_words():
     assert sst.words(tree) == ["The", "good", "film"]
     with pytest.raises(ValueError):
         sst.parse_tree("(3 (2 The)")
+    # A word with a non-breaking space inside stays one word (SST train line 4342).
+    assert sst.parse_tree("(2 8\xa01\\/2)") == (2, "8\xa01\\/2")
 
 
 def test_load_sample_and_vocabulary():

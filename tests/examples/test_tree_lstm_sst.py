@@ -1,0 +1,31 @@
+"""The SST Tree-LSTM example in --quick mode, on the committed SST sample."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from examples import sst, tree_lstm_sst
+
+SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
+
+
+def test_glove_loader(tmp_path):
+    glove = tmp_path / "glove.txt"
+    glove.write_text("good 1 2 3\nunused 0 0 0\n", encoding="utf-8")
+    table = tree_lstm_sst.load_glove(glove, {"bad": 0, "good": 1}, 3, seed=0)
+    np.testing.assert_array_equal(table[1], [1, 2, 3])
+    assert table.shape == (2, 3) and np.abs(table[0]).max() < 1
+
+
+def test_quick_run_learns(tmp_path):
+    report = tree_lstm_sst.main(["--quick", "--quiet", "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
+    history = report["history"]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    majority = np.mean([t[0] == 2 for t in sst.load("dev", SAMPLE)])
+    for split in ("dev", "test"):
+        r = report["results"][split]
+        assert 0.0 <= r["root_fine"] <= 1.0 and 0.0 <= r["root_binary"] <= 1.0
+        assert r["all_nodes_fine"] > 0.3  # most nodes are neutral; the loss is per node
+    assert 1 <= report["best_epoch"] <= 3 and majority < 1
