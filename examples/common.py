@@ -61,6 +61,28 @@ def train(compiler: fd.Compiler, params: Any, data: list, *, epochs: int, batch_
     return params, history
 
 
+def train_keep_best(compiler: fd.Compiler, params: Any, data: list, dev_scores: Callable[[Any], dict],
+                    key: str, **train_args: Any) -> tuple[dict, list[dict]]:
+    """``train``, scoring the dev set after each epoch (``dev_scores(params)``);
+    returns the best epoch's record (by ``dev_`` + ``key``, with its ``params``) and the history."""
+    best: dict[str, Any] = {f"dev_{key}": -float("inf")}
+
+    def on_epoch(epoch: int, p: Any) -> dict:
+        scores = {f"dev_{k}": v for k, v in dev_scores(p).items()}
+        if scores[f"dev_{key}"] > best[f"dev_{key}"]:
+            best.update(scores, epoch=epoch + 1, params=p)
+        return scores
+
+    _, history = train(compiler, params, data, on_epoch=on_epoch, **train_args)
+    return best, history
+
+
+def outputs(compiler: fd.Compiler, params: Any, data: list, batch_size: int = 256) -> np.ndarray:
+    """The root outputs of every example of ``data``, in order."""
+    apply = jax.jit(compiler.apply)
+    return np.concatenate([np.asarray(apply(params, b).outputs) for b in compiler.batches(data, batch_size)])
+
+
 def per_example_metrics(compiler: fd.Compiler, params: Any, data: list, batch_size: int = 256) -> dict:
     """Per metric, the mean of its entries for each example of ``data`` (NaN if none)."""
     apply = jax.jit(compiler.apply)

@@ -24,7 +24,7 @@ import optax
 
 import fold as fd
 from examples import sst
-from examples.common import print_table, train, write_report
+from examples.common import outputs, print_table, train_keep_best, write_report
 
 CLASSES = 5
 
@@ -65,16 +65,9 @@ def examples_of(trees: list[Any]) -> list[tuple[str, int]]:
     return [(" ".join(sst.words(t)), t[0]) for t in trees]
 
 
-def accuracies(compiler: fd.Compiler, params: Any, data: list[tuple[str, int]], batch_size: int = 256) -> dict:
+def accuracies(compiler: fd.Compiler, params: Any, data: list[tuple[str, int]]) -> dict:
     """Fine-grained accuracy and binary accuracy over non-neutral sentences."""
-    apply = jax.jit(compiler.apply)
-    logits = np.concatenate([np.asarray(apply(params, b).outputs) for b in compiler.batches(data, batch_size)])
-    labels = np.array([y for _, y in data])
-    probs = np.asarray(jax.nn.softmax(logits, -1))
-    polar = labels != 2
-    positive = probs[:, 3:].sum(1) > probs[:, :2].sum(1)
-    return {"fine": float((logits.argmax(1) == labels).mean()),
-            "binary": float((positive[polar] == (labels[polar] > 2)).mean())}
+    return sst.sentiment_accuracies(outputs(compiler, params, data), np.array([y for _, y in data]))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,17 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     compiler = fd.Compiler.create(build_model(word_idx, args))
     params = compiler.init(jax.random.key(args.seed))
-    best: dict[str, Any] = {"dev_fine": -1.0}
-
-    def on_epoch(epoch: int, p: Any) -> dict:
-        scores = {f"dev_{k}": v for k, v in accuracies(compiler, p, dev).items()}
-        if scores["dev_fine"] > best["dev_fine"]:
-            best.update(scores, epoch=epoch + 1, params=p)
-        return scores
-
-    _, history = train(compiler, params, train_data, epochs=args.epochs, batch_size=args.batch_size,
-                       optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet,
-                       on_epoch=on_epoch)
+    best, history = train_keep_best(compiler, params, train_data, lambda p: accuracies(compiler, p, dev), "fine",
+                                    epochs=args.epochs, batch_size=args.batch_size,
+                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet)
     results = {split: accuracies(compiler, best["params"], data) for split, data in (("dev", dev), ("test", test))}
     print_table(f"SST sentence sentiment (root labels; best dev epoch {best['epoch']})",
                 ["split", "fine-grained", "binary"],

@@ -11,6 +11,8 @@ import pathlib
 import re
 from typing import Any
 
+import numpy as np
+
 DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sst"
 # Words may contain non-ASCII spaces (e.g. "8\xa01\\/2"): split on ASCII blanks only.
 _TOKEN = re.compile(r"\(|\)|[^ \t\r\n()]+")
@@ -80,3 +82,14 @@ def vocabulary(trees: list[Any], min_count: int = 1) -> dict[str, int]:
     counts = collections.Counter(w for t in trees for w in words(t))
     ranked = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
     return {w: i for i, w in enumerate(ranked)}
+
+
+def sentiment_accuracies(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Fine-grained (5-class) accuracy, and binary accuracy over non-neutral labels
+    (positive when classes 3-4 get more probability than classes 0-1)."""
+    z = logits - logits.max(1, keepdims=True)
+    probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    polar = labels != 2
+    positive = probs[:, 3:].sum(1) > probs[:, :2].sum(1)
+    return {"fine": float((logits.argmax(1) == labels).mean()),
+            "binary": float((positive[polar] == (labels[polar] > 2)).mean())}

@@ -28,7 +28,7 @@ import optax
 
 import fold as fd
 from examples import sst
-from examples.common import per_example_metrics, print_table, train, write_report
+from examples.common import outputs, per_example_metrics, print_table, train_keep_best, write_report
 
 CLASSES = 5
 
@@ -95,17 +95,11 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
 
 def evaluate(compiler: fd.Compiler, params: Any, trees: list[Any], batch_size: int = 256) -> dict[str, float]:
     """Root and all-node fine-grained accuracy; binary accuracy over non-neutral roots."""
-    apply = jax.jit(compiler.apply)
-    logits = np.concatenate([np.asarray(apply(params, b).outputs) for b in compiler.batches(trees, batch_size)])
-    labels = np.array([t[0] for t in trees])
+    root = sst.sentiment_accuracies(outputs(compiler, params, trees, batch_size), np.array([t[0] for t in trees]))
     node = per_example_metrics(compiler, params, trees, batch_size)["node_correct"]
     sizes = np.array([len(sst.words(t)) * 2 - 1 for t in trees])
-    probs = np.asarray(jax.nn.softmax(logits, -1))
-    polar = labels != 2
-    positive = probs[:, 3:].sum(1) > probs[:, :2].sum(1)
-    return {"root_fine": float((logits.argmax(1) == labels).mean()),
-            "all_nodes_fine": float((node * sizes).sum() / sizes.sum()),
-            "root_binary": float((positive[polar] == (labels[polar] > 2)).mean())}
+    return {"root_fine": root["fine"], "all_nodes_fine": float((node * sizes).sum() / sizes.sum()),
+            "root_binary": root["binary"]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,17 +132,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     compiler = fd.Compiler.create(build_model(word_idx, args, table))
     params = compiler.init(jax.random.key(args.seed))
-    best: dict[str, Any] = {"dev_root_fine": -1.0}
-
-    def on_epoch(epoch: int, p: Any) -> dict:
-        scores = {f"dev_{k}": v for k, v in evaluate(compiler, p, dev).items()}
-        if scores["dev_root_fine"] > best["dev_root_fine"]:
-            best.update(scores, epoch=epoch + 1, params=p)
-        return scores
-
-    _, history = train(compiler, params, train_trees, epochs=args.epochs, batch_size=args.batch_size,
-                       optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet,
-                       on_epoch=on_epoch)
+    best, history = train_keep_best(compiler, params, train_trees, lambda p: evaluate(compiler, p, dev), "root_fine",
+                                    epochs=args.epochs, batch_size=args.batch_size,
+                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet)
     results = {"dev": evaluate(compiler, best["params"], dev), "test": evaluate(compiler, best["params"], test)}
     print_table(f"SST Tree-LSTM (best dev epoch {best['epoch']})",
                 ["split", "root fine-grained", "all nodes fine-grained", "root binary"],
