@@ -26,7 +26,13 @@ import numpy as np
 import optax
 
 import fold as fd
-from examples.common import per_example_metrics, print_table, train, write_report
+from examples.common import (
+    add_training_flags,
+    per_example_metrics,
+    print_table,
+    train,
+    write_report,
+)
 
 TOLERANCE = 0.04
 
@@ -81,13 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-size", type=int, default=20_000)
     p.add_argument("--test-size", type=int, default=1_000)
     p.add_argument("--hidden", type=int, default=100)
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--learning-rate", type=float, default=3e-3, help="initial rate, cosine-decayed to 0")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
-    p.add_argument("--json", default=None, help="report path (default examples/results/attention[_quick].json)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_training_flags(p, "attention", epochs=8, batch_size=64, learning_rate=3e-3,
+                       learning_rate_help="initial rate, cosine-decayed to 0")
     args = p.parse_args(argv)
     if args.quick:
         args.t0, args.train_size, args.test_size, args.epochs, args.hidden = [10], 1_024, 256, 4, 32

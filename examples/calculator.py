@@ -22,7 +22,13 @@ import numpy as np
 import optax
 
 import fold as fd
-from examples.common import per_example_metrics, print_table, train, write_report
+from examples.common import (
+    add_training_flags,
+    per_example_metrics,
+    print_table,
+    train,
+    write_report,
+)
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 LIMIT = 100
@@ -93,13 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test-size", type=int, default=3_000)
     p.add_argument("--max-depth", type=int, default=6)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--learning-rate", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
-    p.add_argument("--json", default=None, help="report path (default examples/results/calculator[_quick].json)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_training_flags(p, "calculator", epochs=20, batch_size=64, learning_rate=2e-3)
     args = p.parse_args(argv)
     if args.quick:
         args.train_size, args.test_size, args.epochs, args.hidden = 1_000, 300, 4, 32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import platform
@@ -17,6 +18,18 @@ from tqdm.auto import tqdm
 import fold as fd
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, batch_size: int,
+                       learning_rate: float, learning_rate_help: str | None = None) -> None:
+    """The flags every example shares: schedule, seed, --quick, --json and --quiet."""
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--learning-rate", type=float, default=learning_rate, help=learning_rate_help)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
+    p.add_argument("--json", default=None, help=f"report path (default examples/results/{name}[_quick].json)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformation,

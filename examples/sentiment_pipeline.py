@@ -24,7 +24,13 @@ import optax
 
 import fold as fd
 from examples import sst
-from examples.common import outputs, print_table, train_keep_best, write_report
+from examples.common import (
+    add_training_flags,
+    outputs,
+    print_table,
+    train_keep_best,
+    write_report,
+)
 
 CLASSES = 5
 
@@ -76,13 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cell", choices=["rnn", "gru"], default="gru")
     p.add_argument("--embed-size", type=int, default=64)
     p.add_argument("--state-size", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--learning-rate", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
-    p.add_argument("--json", default=None)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_training_flags(p, "sentiment_pipeline", epochs=6, batch_size=64, learning_rate=2e-3)
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.embed_size, args.state_size = 3, 16, 16

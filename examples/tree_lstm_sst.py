@@ -28,7 +28,14 @@ import optax
 
 import fold as fd
 from examples import sst
-from examples.common import outputs, per_example_metrics, print_table, train_keep_best, write_report
+from examples.common import (
+    add_training_flags,
+    outputs,
+    per_example_metrics,
+    print_table,
+    train_keep_best,
+    write_report,
+)
 
 CLASSES = 5
 
@@ -108,13 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--glove", default=None, help="GloVe-format text file for the initial embeddings")
     p.add_argument("--embed-size", type=int, default=100)
     p.add_argument("--state-size", type=int, default=150)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=25)
-    p.add_argument("--learning-rate", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
-    p.add_argument("--json", default=None)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3)
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.embed_size, args.state_size, args.batch_size = 3, 16, 16, 64
