@@ -182,13 +182,6 @@ class Block:
         """The direct child blocks."""
         return []
 
-    def _flow(self, src: Block, dst: Block) -> None:
-        """Unifies ``src.output_type`` with ``dst.input_type``."""
-        unify(src, "output", dst, "input")
-
-    def _same(self, a: Block, a_side: str, b: Block, b_side: str) -> None:
-        unify(a, a_side, b, b_side)
-
     def __rshift__(self, other: Any) -> Block:
         from fold.blocks.plumbing import Pipe
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from fold.blocks.base import Block, Repeat
+from fold.blocks.base import Block, Repeat, unify
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -200,7 +200,7 @@ class Identity(Block):
     _leaf = True
 
     def _infer(self) -> None:
-        self._same(self, "input", self, "output")
+        unify(self, "input", self, "output")
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
         return x
@@ -277,7 +277,7 @@ class Optional(Block):
     def _infer(self) -> None:
         if not hasattr(self, "none_case"):
             return
-        self._same(self, "input", self.some_case, "input")
+        unify(self, "input", self.some_case, "input")
         if self.none_case is None and self.output_type is not None:
             self.none_case = self._adopt(Zeros(self.output_type))
             self.none_case.set_input_type(VoidType())
@@ -285,7 +285,7 @@ class Optional(Block):
             self.none_case = self._adopt(Zeros(self.some_case.output_type))
             self.none_case.set_input_type(VoidType())
         for case in self.children():
-            self._same(self, "output", case, "output")
+            unify(self, "output", case, "output")
 
     def _host(self, x: Any, ctx: Any):
         if x is None:
