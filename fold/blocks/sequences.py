@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from fold.blocks.base import Block, Repeat, type_error, unify
 from fold.blocks.inputs import Zeros
@@ -422,8 +423,6 @@ class Length(Block):
         _finite(self, t)
 
     def _host_leaf(self, x: Any, ctx: Any) -> int:
-        import numpy as np
-
         n = len(x) if isinstance(x, (list, tuple)) else len(_as_list(self, x))
         return ctx.const(self._ttype, np.asarray(n, self._ttype.dtype))
 
