@@ -34,12 +34,15 @@ def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, ba
 
 def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformation,
                     metric: str = "loss") -> Callable:
-    """A jitted SGD step minimising the mean of ``metric`` over a batch."""
+    """A jitted SGD step minimising the mean of ``metric`` over a batch.
+
+    ``key`` switches the model's stochastic layers (dropout) on for the step.
+    """
 
     @jax.jit
-    def train_step(params, opt_state, batch):
+    def train_step(params, opt_state, batch, key):
         def loss_fn(p):
-            return compiler.apply(p, batch).metrics[metric].mean()
+            return compiler.apply(p, batch, key).metrics[metric].mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -51,8 +54,12 @@ def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformati
 def train(compiler: fd.Compiler, params: Any, data: list, *, epochs: int, batch_size: int,
           optimizer: optax.GradientTransformation, seed: int, quiet: bool = False,
           on_epoch: Callable[[int, Any], dict] | None = None) -> tuple[Any, list[dict]]:
-    """Trains with ``compiler.batches``; returns params and one record per epoch."""
+    """Trains with ``compiler.batches``; returns params and one record per epoch.
+
+    Step ``n`` runs stochastic layers with ``fold_in(key(seed), n)``.
+    """
     step = make_train_step(compiler, optimizer)
+    key, n = jax.random.key(seed), 0
     opt_state = optimizer.init(params)
     history = []
     for epoch in tqdm(range(epochs), desc="epochs", disable=quiet):
@@ -62,7 +69,8 @@ def train(compiler: fd.Compiler, params: Any, data: list, *, epochs: int, batch_
                                    drop_remainder=len(data) >= batch_size)
         n_batches = max(len(data) // batch_size, 1)
         for batch in tqdm(batches, total=n_batches, desc=f"epoch {epoch + 1}", leave=False, disable=quiet):
-            params, opt_state, loss = step(params, opt_state, batch)
+            params, opt_state, loss = step(params, opt_state, batch, jax.random.fold_in(key, n))
+            n += 1
             losses.append(float(loss))
         record = {"epoch": epoch + 1, "train_loss": sum(losses) / len(losses),
                   "seconds": round(time.perf_counter() - start, 3)}

@@ -9,6 +9,11 @@ Reports fine-grained accuracy (5 classes) at the root and over all nodes,
 and binary accuracy over non-neutral roots, on dev and test, for the
 parameters of the epoch with the best dev root accuracy.
 
+``--paper`` selects the Fold paper's variant: state 300 and dropout after
+Semeniuta et al. (2016), i.e. recurrent dropout on the cell's candidate
+update plus dropout on the word vectors, both at rate 0.25 (keep 0.75), no
+L2. Dropout runs during training steps only (``compiler.apply`` gets a key).
+
 Words are embedded from scratch, or from a GloVe-format text file
 (``--glove PATH``: ``word v1 v2 ...`` per line). Unknown words embed to zeros.
 
@@ -62,8 +67,10 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
     """SST tree -> root logits; metrics over every node and at the root."""
     h = fd.TensorType((args.state_size,))
     state = fd.TupleType(h, h)
-    cell = fd.BinaryTreeLSTMCell(args.state_size)
-    embedding = fd.Embedding(len(word_idx), args.embed_size, initializer=table)
+    cell = fd.BinaryTreeLSTMCell(args.state_size, recurrent_dropout=args.recurrent_dropout)
+    embedding = fd.Function(fd.Embedding(len(word_idx), args.embed_size, initializer=table))
+    if args.embed_dropout:
+        embedding = embedding >> fd.Dropout(args.embed_dropout)
     readout = fd.FC(CLASSES, activation=None)
 
     def cross_entropy(z, y):
@@ -85,7 +92,7 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
         return c
 
     tree = fd.ForwardDeclaration(fd.PyObjectType(), state)
-    word = fd.GetItem(1) >> fd.InputTransform(word_idx.get) >> fd.Optional(fd.Scalar("int32") >> fd.Function(embedding))
+    word = fd.GetItem(1) >> fd.InputTransform(word_idx.get) >> fd.Optional(fd.Scalar("int32") >> embedding)
     leaf = fd.AllOf(word, fd.Zeros(fd.TupleType(state, state))) >> fd.Function(cell) >> fd.GetItem(1)
     pair = (fd.AllOf(fd.Zeros(fd.TensorType((args.embed_size,))), fd.Record([(1, tree()), (2, tree())]))
             >> fd.Function(cell) >> fd.GetItem(1))
@@ -115,8 +122,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--glove", default=None, help="GloVe-format text file for the initial embeddings")
     p.add_argument("--embed-size", type=int, default=100)
     p.add_argument("--state-size", type=int, default=150)
+    p.add_argument("--recurrent-dropout", type=float, default=0.0,
+                   help="dropout rate on the cell's candidate update (Semeniuta et al. 2016)")
+    p.add_argument("--embed-dropout", type=float, default=0.0, help="dropout rate on the word vectors")
+    p.add_argument("--paper", action="store_true",
+                   help="the Fold paper's variant: --state-size 300 --recurrent-dropout 0.25 --embed-dropout 0.25")
     add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3)
     args = p.parse_args(argv)
+    if args.paper:
+        args.state_size, args.recurrent_dropout, args.embed_dropout = 300, 0.25, 0.25
     if args.quick:
         args.epochs, args.embed_size, args.state_size, args.batch_size = 3, 16, 16, 64
     return args

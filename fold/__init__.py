@@ -25,7 +25,7 @@ from fold.blocks.inputs import (
     Void,
     Zeros,
 )
-from fold.blocks.layers import FC, Embedding, Layer
+from fold.blocks.layers import FC, Dropout, Embedding, Layer
 from fold.blocks.plumbing import AllOf, GetItem, Pipe, Record, Slice
 from fold.blocks.sequences import (
     RNN,
@@ -62,7 +62,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllOf", "Batch", "BinaryTreeLSTMCell", "Block", "Broadcast", "BroadcastSequenceType", "Compiler",
-    "Composition", "Concat", "Embedding", "FC", "Fold", "ForwardDeclaration", "FromTensor", "Function",
+    "Composition", "Concat", "Dropout", "Embedding", "FC", "Fold", "ForwardDeclaration", "FromTensor", "Function",
     "GRUCell", "GetItem", "Identity", "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max",
     "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf",
     "Optional", "Pipe", "PyObjectType", "RNN", "Record", "Reduce", "Result", "Scalar", "SequenceType",

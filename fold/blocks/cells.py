@@ -3,6 +3,11 @@
 A cell is a layer called on ``(input, state)`` that returns
 ``(output, new_state)``. Each exposes ``state_type`` so that ``RNN`` can
 start from zeros.
+
+``recurrent_dropout`` is the recurrent dropout of Semeniuta et al. (2016):
+dropout on the candidate update (``tanh(g)`` of an LSTM, the GRU's
+candidate state), which regularises without erasing the memory. It is
+active only when ``compiler.apply`` gets a ``key``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fold.blocks.layers import Layer
+from fold.blocks.layers import Layer, check_rate, dropout
 from fold.blocks.types import TensorType, TupleType, Type
 
 __all__ = ["LSTMCell", "GRUCell", "BinaryTreeLSTMCell"]
@@ -24,12 +29,18 @@ def _vec(t: Any) -> bool:
 
 
 class _Cell(Layer):
-    def __init__(self, num_units: int, initializer: Callable | None, name: str | None):
+    def __init__(self, num_units: int, initializer: Callable | None, name: str | None,
+                 recurrent_dropout: float):
         super().__init__(name)
         if int(num_units) <= 0:
             raise ValueError(f"{type(self).__name__} needs a positive num_units, got {num_units}")
         self.num_units = int(num_units)
         self.initializer = initializer or jax.nn.initializers.glorot_uniform()
+        self.recurrent_dropout = check_rate(self, recurrent_dropout)
+
+    @property
+    def stochastic(self) -> bool:  # type: ignore[override]
+        return self.recurrent_dropout > 0
 
     def _split_input(self, input_type: Type) -> tuple[TensorType, Type]:
         if not isinstance(input_type, TupleType) or len(input_type) != 2 or not _vec(input_type[0]):
@@ -45,8 +56,8 @@ class _LSTMFamily(_Cell):
     """Cells whose state is an LSTM state ``(c, h)``, with a forget-gate bias."""
 
     def __init__(self, num_units: int, forget_bias: float = 1.0, initializer: Callable | None = None,
-                 name: str | None = None):
-        super().__init__(num_units, initializer, name)
+                 name: str | None = None, recurrent_dropout: float = 0.0):
+        super().__init__(num_units, initializer, name, recurrent_dropout)
         self.forget_bias = forget_bias
 
     @property
@@ -66,11 +77,12 @@ class LSTMCell(_LSTMFamily):
         return {"w": self.initializer(key, (n, 4 * self.num_units), x.dtype),
                 "b": jnp.zeros((4 * self.num_units,), x.dtype)}
 
-    def apply(self, params: dict, x: jax.Array, state: tuple) -> tuple:
+    def apply(self, params: dict, x: jax.Array, state: tuple, key: jax.Array | None = None) -> tuple:
         c, h = state
         z = jnp.concatenate([x, h], axis=-1) @ params["w"] + params["b"]
         i, f, g, o = jnp.split(z, 4, axis=-1)
-        c2 = jax.nn.sigmoid(f + self.forget_bias) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        g = dropout(key, self.recurrent_dropout, jnp.tanh(g))
+        c2 = jax.nn.sigmoid(f + self.forget_bias) * c + jax.nn.sigmoid(i) * g
         h2 = jax.nn.sigmoid(o) * jnp.tanh(c2)
         return h2, (c2, h2)
 
@@ -78,8 +90,9 @@ class LSTMCell(_LSTMFamily):
 class GRUCell(_Cell):
     """GRU cell: ``(x, h) -> (h', h')`` with ``h' = z * h + (1 - z) * tanh(...)``."""
 
-    def __init__(self, num_units: int, initializer: Callable | None = None, name: str | None = None):
-        super().__init__(num_units, initializer, name)
+    def __init__(self, num_units: int, initializer: Callable | None = None, name: str | None = None,
+                 recurrent_dropout: float = 0.0):
+        super().__init__(num_units, initializer, name, recurrent_dropout)
 
     @property
     def state_type(self) -> TensorType:
@@ -93,10 +106,11 @@ class GRUCell(_Cell):
         return {"w_gates": self.initializer(k1, (n, 2 * u), x.dtype), "b_gates": jnp.zeros((2 * u,), x.dtype),
                 "w_cand": self.initializer(k2, (n, u), x.dtype), "b_cand": jnp.zeros((u,), x.dtype)}
 
-    def apply(self, params: dict, x: jax.Array, h: jax.Array) -> tuple:
+    def apply(self, params: dict, x: jax.Array, h: jax.Array, key: jax.Array | None = None) -> tuple:
         gates = jnp.concatenate([x, h], axis=-1) @ params["w_gates"] + params["b_gates"]
         r, z = jnp.split(jax.nn.sigmoid(gates), 2, axis=-1)
         cand = jnp.tanh(jnp.concatenate([x, r * h], axis=-1) @ params["w_cand"] + params["b_cand"])
+        cand = dropout(key, self.recurrent_dropout, cand)
         h2 = z * h + (1.0 - z) * cand
         return h2, h2
 
@@ -117,11 +131,12 @@ class BinaryTreeLSTMCell(_LSTMFamily):
         return {"w": self.initializer(key, (n, 5 * self.num_units), x.dtype),
                 "b": jnp.zeros((5 * self.num_units,), x.dtype)}
 
-    def apply(self, params: dict, x: jax.Array, states: tuple) -> tuple:
+    def apply(self, params: dict, x: jax.Array, states: tuple, key: jax.Array | None = None) -> tuple:
         (c_l, h_l), (c_r, h_r) = states
         z = jnp.concatenate([x, h_l, h_r], axis=-1) @ params["w"] + params["b"]
         i, f_l, f_r, o, u = jnp.split(z, 5, axis=-1)
-        c = (jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(f_l + self.forget_bias) * c_l
+        u = dropout(key, self.recurrent_dropout, jnp.tanh(u))
+        c = (jax.nn.sigmoid(i) * u + jax.nn.sigmoid(f_l + self.forget_bias) * c_l
              + jax.nn.sigmoid(f_r + self.forget_bias) * c_r)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
         return h, (c, h)

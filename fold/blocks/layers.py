@@ -28,7 +28,7 @@ import numpy as np
 
 from fold.blocks.types import TensorType, TupleType, Type
 
-__all__ = ["Layer", "FC", "Embedding", "snake_case"]
+__all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case"]
 
 
 def snake_case(name: str) -> str:
@@ -45,7 +45,16 @@ class Layer(abc.ABC):
     (``fc``, ``fc_1``, ...), and the name sticks to the layer object.
     ``trainable=False`` keeps the parameters in ``params`` with a zero
     gradient.
+
+    A layer that sets ``stochastic = True`` (such as ``Dropout``) is called
+    as ``apply(params, *inputs, key=key)``: ``key`` is a PRNG key unique to
+    that call (so each batched call draws fresh, independent values per
+    row), derived from the key given to ``compiler.apply``; it is None when
+    ``apply`` gets no key, which means "run deterministically" (evaluation).
     """
+
+    #: Whether ``apply`` takes a ``key=`` keyword (see the class docstring).
+    stochastic: bool = False
 
     def __init__(self, name: str | None = None, trainable: bool = True):
         if name is not None and (not isinstance(name, str) or not name):
@@ -181,3 +190,54 @@ class Embedding(Layer):
     def check_constant_inputs(self, ids: np.ndarray) -> None:
         if not self.mod_inputs and not 0 <= int(ids) < self.num_buckets:
             raise ValueError(f"{self!r}: id {int(ids)} is outside [0, {self.num_buckets}) and mod_inputs=False")
+
+
+def dropout(key: jax.Array | None, rate: float, x: jax.Array) -> jax.Array:
+    """Inverted dropout: zeroes each value with probability ``rate`` and scales the rest
+    by ``1 / (1 - rate)``; the identity when ``key`` is None or ``rate`` is 0."""
+    if key is None or rate == 0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
+
+
+def check_rate(layer: Any, rate: float) -> float:
+    """``rate`` as a float in [0, 1), or a ValueError naming ``layer``."""
+    rate = float(rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{type(layer).__name__} needs a dropout rate in [0, 1), got {rate}")
+    return rate
+
+
+class Dropout(Layer):
+    """Inverted dropout on a float tensor: active only when ``compiler.apply`` gets a ``key``.
+
+    Each value is zeroed with probability ``rate`` and the others are scaled
+    by ``1 / (1 - rate)``, so evaluation (no key) is the identity. It has no
+    parameters (its entry in ``params`` is an empty dict).
+
+    >>> import fold as fd, jax
+    >>> model = fd.Vector(1000) >> fd.Dropout(0.5)
+    >>> compiler = fd.Compiler.create(model)
+    >>> params = compiler.init(jax.random.key(0))
+    >>> batch = compiler.build_batch([[1.0] * 1000])
+    >>> compiler.apply(params, batch).outputs.sum().item()  # no key: identity
+    1000.0
+    >>> out = compiler.apply(params, batch, key=jax.random.key(1)).outputs
+    >>> sorted(set(out.ravel().tolist()))
+    [0.0, 2.0]
+    """
+
+    stochastic = True
+
+    def __init__(self, rate: float, name: str | None = None):
+        super().__init__(name)
+        self.rate = check_rate(self, rate)
+
+    def init(self, key: jax.Array, input_type: Type) -> dict:
+        if not isinstance(input_type, TensorType) or np.dtype(input_type.dtype).kind != "f":
+            raise TypeError(f"{self!r} takes one float tensor, not {input_type}")
+        return {}
+
+    def apply(self, params: dict, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return dropout(key, self.rate, x)

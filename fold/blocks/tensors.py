@@ -27,7 +27,9 @@ class OpSpec:
     """What the compiler needs to run one operation on batched arrays.
 
     ``key`` identifies the operation (calls with equal keys are batched
-    together); ``fn(params, *flat_inputs)`` returns the flat list of outputs.
+    together); ``fn(params, rng, *flat_inputs)`` returns the flat list of
+    outputs. ``rng`` is a PRNG key unique to the call, or None when the
+    model runs deterministically; only stochastic layers use it.
     """
 
     def __init__(self, key: Any, label: str, in_type: Type, out_type: Type,
@@ -143,7 +145,8 @@ class Function(Block):
             if self.layer is not None:
                 layer = self.layer
                 pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
-                res = jax.eval_shape(lambda p, *a: layer.apply(p, *a), pshape, *args)
+                kw = {"key": None} if layer.stochastic else {}
+                res = jax.eval_shape(lambda p, *a: layer.apply(p, *a, **kw), pshape, *args)
             else:
                 res = jax.eval_shape(self.fn, *args)
         except TypeError as e:
@@ -159,11 +162,13 @@ class Function(Block):
         layer, fn = self.layer, self.fn
 
         if layer is not None:
-            def run(params: Any, *flat: Any) -> list:
-                return jax.tree_util.tree_leaves(layer.apply(params, *call_args(in_type, list(flat))))
+            def run(params: Any, rng: Any, *flat: Any) -> list:
+                args = call_args(in_type, list(flat))
+                out = layer.apply(params, *args, key=rng) if layer.stochastic else layer.apply(params, *args)
+                return jax.tree_util.tree_leaves(out)
             return OpSpec((layer, in_type), repr(self), in_type, out_type, run, layer)
 
-        def run_fn(params: Any, *flat: Any) -> list:
+        def run_fn(params: Any, rng: Any, *flat: Any) -> list:
             return jax.tree_util.tree_leaves(fn(*call_args(in_type, list(flat))))
         return OpSpec((fn, in_type), repr(self), in_type, out_type, run_fn)
 
@@ -221,7 +226,7 @@ class Concat(Block):
         assert in_type is not None and out_type is not None
         axis = self.concat_dim + 1
 
-        def run(params: Any, *flat: Any) -> list:
+        def run(params: Any, rng: Any, *flat: Any) -> list:
             return [jnp.concatenate(flat, axis=axis)]
         return OpSpec(("concat", axis, in_type), repr(self), in_type, out_type, run)
 

@@ -307,11 +307,20 @@ class Compiler:
                 yield futures[i].result()
 
     # ---------------------------------------------------------------- apply
-    def apply(self, params: Any, batch: Batch) -> Result:
-        """Runs a built batch: pure and jittable; differentiable in ``params``."""
+    def apply(self, params: Any, batch: Batch, key: jax.Array | None = None) -> Result:
+        """Runs a built batch: pure and jittable; differentiable in ``params``.
+
+        ``key`` (a PRNG key) switches stochastic layers such as ``Dropout``
+        on, with draws that depend only on ``key`` and the batch; without it
+        they are deterministic (use that for evaluation). Pass a fresh key
+        per training step, e.g. ``jax.random.fold_in(key, step)``.
+        """
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
-        arenas = self.executor.arenas(params, batch)
+        if key is not None and not (isinstance(key, jax.Array) and (
+                jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.shape == (2,))):
+            raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
+        arenas = self.executor.arenas(params, batch, key)
         arrays = batch.arrays
         leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self._root_leaves, arrays["roots"])]
         outputs = self._nest(self.root.output_type, iter(leaves)) if _root_ok(self.root.output_type) else None

@@ -14,6 +14,9 @@ See ``docs/design.md``. In short:
   and whose backward pass is a second loop over the items in reverse:
   recompute each item's ``vjp``, mask padded rows, and scatter-add input
   cotangents into the cotangent arena in one scatter per type.
+* Stochastic layers get a key folded from the ``apply`` key and the
+  item's index (hoisted groups: the group's index), so the backward loop
+  recomputes each item with the same random draws as the forward loop.
 * Padded rows of an item read the item's first real row, so they compute
   on real (finite) data; their output cotangents are zero and their input
   cotangents go to the dump row, so padding never leaks into results or
@@ -35,6 +38,9 @@ __all__ = ["Executor"]
 _I0 = np.int32(0)
 
 _LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_out", "n_items")
+
+# Streams of per-call keys: loop items and hoisted groups never share a key.
+_LOOP_STREAM, _HOIST_STREAM = 0, 1
 
 
 def _is_float(dtype: Any) -> bool:
@@ -73,9 +79,9 @@ class Executor:
                 k[t] = max(k.get(t, 0), j + 1)
         return k
 
-    def _call(self, op: Any, params: Any, xs: list) -> list:
+    def _call(self, op: Any, params: Any, rng: Any, xs: list) -> list:
         """Runs ``op``, checking its results against its declared types."""
-        ys = op.spec.fn(self._params_for(op, params), *xs)
+        ys = op.spec.fn(self._params_for(op, params), rng, *xs)
         for y, t in zip(ys, op.spec.out_types):
             if y.shape[1:] != t.shape or y.dtype != t.dtype:
                 raise TypeError(
@@ -98,7 +104,7 @@ class Executor:
                 arenas[t] = jnp.zeros((A + C, *tt.shape), tt.dtype)
         return arenas
 
-    def run_hoisted(self, params: Any, arenas: dict, arrays: dict, layout: Any) -> dict:
+    def run_hoisted(self, params: Any, arenas: dict, arrays: dict, layout: Any, key: Any) -> dict:
         """Runs every depth-1 group once, on ``A`` padded rows, and scatters its outputs."""
         A = layout.size_class
         S = A + self.chunk
@@ -110,7 +116,7 @@ class Executor:
             idx = arrays["in_idx"][jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
             xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
-            ys = self._call(op, params, xs)
+            ys = self._call(op, params, _fold(key, _HOIST_STREAM, h), xs)
             for y, (t, k) in zip(ys, op.out_slots):
                 start = arrays["hoist_out"][h, self.model.slot_index[(t, k)]]
                 dest = jnp.where(valid, start + rows, S)  # S is out of bounds: dropped
@@ -125,9 +131,9 @@ class Executor:
         for o in layout.loop_ops:
             op = self.ops[o]
             for size in self.sizes:
-                def branch(lparams, arenas, in_idx, first, count, op=op, size=size):
+                def branch(lparams, rng, arenas, in_idx, first, count, op=op, size=size):
                     xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
-                    ys = self._call(op, lparams, xs)
+                    ys = self._call(op, lparams, rng, xs)
                     out = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
                            for t, k in k_out.items()}
                     for y, (t, k) in zip(ys, op.out_slots):
@@ -136,14 +142,15 @@ class Executor:
                 branches.append(branch)
         return branches
 
-    def _forward_loop(self, lparams: Any, arenas: dict, arrays: dict, layout: Any) -> dict:
+    def _forward_loop(self, lparams: Any, arenas: dict, arrays: dict, layout: Any, key: Any) -> dict:
         k_out = self._slots(layout.loop_ops, "out_slots")
         branches = self._forward_branches(layout, k_out)
         slot_index = self.model.slot_index
 
         def body(state):
             i, arenas = state
-            chunks = lax.switch(arrays["items_branch"][i], branches, lparams, arenas, arrays["in_idx"],
+            chunks = lax.switch(arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i),
+                                arenas, arrays["in_idx"],
                                 arrays["items_node"][i], arrays["items_count"][i])
             arenas = dict(arenas)
             for t, k_max in k_out.items():
@@ -164,7 +171,7 @@ class Executor:
         for o in layout.loop_ops:
             op = self.ops[o]
             for size in self.sizes:
-                def branch(lparams, arenas, in_idx, first, count, ct_chunks, op=op, size=size):
+                def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, op=op, size=size):
                     xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
                     diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
 
@@ -172,7 +179,7 @@ class Executor:
                         full = list(xs)
                         for i, dx in zip(diff, dxs):
                             full[i] = dx
-                        return op.spec.fn(p, *full)
+                        return op.spec.fn(p, rng, *full)
 
                     p = self._params_for(op, lparams)
                     _, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
@@ -202,7 +209,7 @@ class Executor:
                 branches.append(branch)
         return branches
 
-    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: dict, layout: Any) -> tuple:
+    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: dict, layout: Any, key: Any) -> tuple:
         float_types = sorted(ct)
         k_out = self._slots(layout.loop_ops, "out_slots")
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
@@ -222,7 +229,7 @@ class Executor:
                                       (C, *shape))
                     for k in range(k_max)])
             in_cts, in_rows, p_ct = lax.switch(
-                arrays["items_branch"][i], branches, lparams, arenas, arrays["in_idx"],
+                arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
                 arrays["items_node"][i], arrays["items_count"][i], ct_chunks)
             ct = dict(ct)
             for t in in_cts:
@@ -241,9 +248,10 @@ class Executor:
         def join(f: dict, i: dict) -> dict:
             return {**f, **i}
 
+        # ``key`` rides in ``arrays`` (non-differentiable); None means deterministic.
         @jax.custom_vjp
         def loop(lparams, f_arenas, i_arenas, arrays):
-            out = self._forward_loop(lparams, join(f_arenas, i_arenas), arrays, layout)
+            out = self._forward_loop(lparams, join(f_arenas, i_arenas), arrays, layout, arrays["key"])
             return {t: out[t] for t in float_ids}, {t: out[t] for t in int_ids}
 
         def loop_fwd(lparams, f_arenas, i_arenas, arrays):
@@ -253,29 +261,39 @@ class Executor:
         def loop_bwd(res, cts):
             lparams, (f_out, i_out), arrays = res
             ct_f, _ = cts
-            p_ct, ct = self._backward_loop(lparams, join(f_out, i_out), dict(ct_f), arrays, layout)
+            p_ct, ct = self._backward_loop(lparams, join(f_out, i_out), dict(ct_f), arrays, layout, arrays["key"])
             return p_ct, ct, None, None
 
         loop.defvjp(loop_fwd, loop_bwd)
 
-        def run(lparams, arenas, arrays):
+        def run(lparams, arenas, arrays, key):
             f_out, i_out = loop(lparams, {t: arenas[t] for t in float_ids},
-                                {t: arenas[t] for t in int_ids}, arrays)
+                                {t: arenas[t] for t in int_ids}, {**arrays, "key": key})
             return join(f_out, i_out)
 
         return run
 
     # ------------------------------------------------------------------ run
-    def arenas(self, params: Any, batch: Any) -> dict:
-        """All arenas after running ``batch`` (pure; differentiable in ``params``)."""
+    def arenas(self, params: Any, batch: Any, key: Any = None) -> dict:
+        """All arenas after running ``batch`` (pure; differentiable in ``params``).
+
+        ``key`` seeds stochastic layers; None runs them deterministically.
+        """
         arrays = jax.tree_util.tree_map(jnp.asarray, batch.arrays)
         layout = batch.layout
         params = self.model.prepare_params(params)
         arenas = self.initial_arenas(arrays, layout)
-        arenas = self.run_hoisted(params, arenas, arrays, layout)
+        arenas = self.run_hoisted(params, arenas, arrays, layout, key)
         if layout.loop_ops:
             names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
             lparams = {name: params[name] for name in names}
             loop_arrays = {k: arrays[k] for k in _LOOP_ARRAYS}
-            arenas = self._make_loop(layout)(lparams, arenas, loop_arrays)
+            arenas = self._make_loop(layout)(lparams, arenas, loop_arrays, key)
         return arenas
+
+
+def _fold(key: Any, stream: int, i: Any) -> Any:
+    """The key of call ``i`` of ``stream``, or None when running deterministically."""
+    if key is None:
+        return None
+    return jax.random.fold_in(jax.random.fold_in(key, stream), i)

@@ -29,3 +29,14 @@ def test_quick_run_learns(tmp_path):
         assert 0.0 <= r["root_fine"] <= 1.0 and 0.0 <= r["root_binary"] <= 1.0
         assert r["all_nodes_fine"] > 0.3  # most nodes are neutral; the loss is per node
     assert 1 <= report["best_epoch"] <= 3 and majority < 1
+
+
+def test_quick_run_of_the_paper_variant_with_dropout(tmp_path):
+    args = tree_lstm_sst.parse_args(["--paper"])
+    assert (args.state_size, args.recurrent_dropout, args.embed_dropout) == (300, 0.25, 0.25)
+    report = tree_lstm_sst.main(["--quick", "--quiet", "--paper", "--data-dir", str(SAMPLE),
+                                 "--json", str(tmp_path / "t.json")])
+    assert report["args"]["recurrent_dropout"] == 0.25
+    history = report["history"]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert report["results"]["dev"]["all_nodes_fine"] > 0.3
