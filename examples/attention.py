@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=100)
     p.add_argument("--score-scale", type=float, default=10.0,
                    help="s in the score s * tanh(w . h + b); 1 is Raffel & Ellis's tanh score")
-    add_training_flags(p, "attention", epochs=8, batch_size=64, learning_rate=3e-3,
+    add_training_flags(p, "attention", epochs=4, batch_size=64, learning_rate=3e-3,
                        learning_rate_help="initial rate, cosine-decayed to 0")
     args = p.parse_args(argv)
     if args.quick:
