@@ -22,7 +22,7 @@ import numpy as np
 
 from fold.scheduler.builder import BatchBuilder
 
-__all__ = ["Batch", "BatchLayout", "schedule", "next_pow2", "MIN_ITEM"]
+__all__ = ["Batch", "BatchLayout", "BatchStats", "schedule", "next_pow2", "MIN_ITEM"]
 
 MIN_ITEM = 8
 
@@ -41,20 +41,32 @@ class BatchLayout(NamedTuple):
     const_types: tuple        # arena types that have a constant table
 
 
+class BatchStats(NamedTuple):
+    """What a batch holds, for benchmarks and bucket occupancy (host only)."""
+
+    num_nodes: int            # operation calls
+    num_items: int            # loop work items (iterations of the while_loop)
+    max_depth: int            # deepest node
+    rows: int                 # arena rows used by the fullest type (<= size_class)
+
+
 class Batch:
     """A built batch: NumPy arrays (``arrays``) plus its static ``layout``.
 
     It is a JAX pytree, so it can be passed to jitted functions; batches
-    with equal layouts share one compilation.
+    with equal layouts share one compilation. ``stats`` (a ``BatchStats``)
+    is host-side only and is None inside traced code.
     """
 
-    def __init__(self, arrays: dict, layout: BatchLayout, host: Any = None):
+    def __init__(self, arrays: dict, layout: BatchLayout, host: Any = None, stats: BatchStats | None = None):
         self.arrays = arrays
         self.layout = layout
         self.host = host  # per-value rows, kept for eval; not part of the pytree
+        self.stats = stats
 
     def __repr__(self) -> str:
-        return f"Batch(examples={self.layout.num_examples}, size_class={self.layout.size_class})"
+        nodes = f", nodes={self.stats.num_nodes}" if self.stats is not None else ""
+        return f"Batch(examples={self.layout.num_examples}, size_class={self.layout.size_class}{nodes})"
 
 
 def _flatten_batch(b: Batch):
@@ -241,4 +253,5 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     layout = BatchLayout(A, num_examples, loop_ops, hoist_ops,
                          tuple(sorted(int(k) for k in consts)))
     host = HostInfo(v_type, v_row) if keep_host else None
-    return Batch(arrays, layout, host)
+    stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows)
+    return Batch(arrays, layout, host, stats)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -64,3 +65,12 @@ def test_size_class_is_a_power_of_two_above_the_rows():
         A = batch.layout.size_class
         assert A & (A - 1) == 0 and A >= 8
         assert batch.arrays["in_idx"].shape[0] == A + compiler.chunk
+
+
+def test_batch_stats_count_nodes_items_depth_and_rows():
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum())
+    batch = compiler.build_batch([[1, 2, 3], [4]])
+    # 4 doubles (depth 1, hoisted), then a balanced sum of 3: adds at depths 2 and 3.
+    assert batch.stats == fd.BatchStats(num_nodes=6, num_items=2, max_depth=3, rows=4 + 4 + 2)
+    assert "nodes=6" in repr(batch)
+    assert jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(batch))).stats is None

@@ -1,0 +1,52 @@
+"""Helpers shared by the benchmarks: timing, machine description, JSON and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count, JAX version, backend and devices."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall time of ``repeats`` calls of ``fn`` (call it once before to warm up)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def write_results(name: str, results: dict, path: str | None = None) -> pathlib.Path:
+    """Writes ``results`` plus the machine as JSON (default ``benchmarks/results/NAME.json``)."""
+    out = pathlib.Path(path) if path else RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
+    return out
+
+
+def plot_path(json_path: pathlib.Path) -> pathlib.Path:
+    """The PNG written next to a result file."""
+    return json_path.with_suffix(".png")
+

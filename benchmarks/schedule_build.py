@@ -1,0 +1,137 @@
+"""Host-side scheduling speed: nodes per second that ``compiler.build_batch`` turns into a schedule.
+
+Two workloads, one process: the SST Tree-LSTM (per-node loss) on real SST
+training trees, and the Table 1 Tree-LSTM on random 128-leaf trees. For
+SST it also measures a jitted training step (value_and_grad + Adam) on the
+same batches, and reports the share of a step that building takes when
+nothing overlaps them (``num_workers=0``).
+
+Reference points, printed next to the measurements: TensorFlow Fold's C++
+scheduler built on the order of 1e4 nodes/s per thread on this model (Cavs
+paper, Fig. 9); fold's goal is 3e5 nodes/s.
+
+Run: ``python -m benchmarks.schedule_build`` (``--quick`` for a seconds-long run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import Any
+
+import jax
+import optax
+
+import fold as fd
+from benchmarks import models
+from benchmarks.common import median_seconds, plot_path, write_results
+from examples import sst
+from examples.common import make_train_step, print_table
+
+FOLD_CPP_NODES_PER_S = 1e4
+GOAL_NODES_PER_S = 3e5
+
+
+def build_rate(compiler: fd.Compiler, batches: list[list[Any]], repeats: int) -> dict[str, float]:
+    """Nodes/s and seconds per batch for building every batch of ``batches`` (median of repeats)."""
+    built = [compiler.build_batch(b) for b in batches]  # warm-up, and the node count
+    nodes = sum(b.stats.num_nodes for b in built)
+    seconds = median_seconds(lambda: [compiler.build_batch(b) for b in batches], repeats)
+    return {"batches": len(batches), "examples_per_batch": len(batches[0]), "nodes": nodes,
+            "nodes_per_batch": nodes / len(batches), "seconds_per_batch": seconds / len(batches),
+            "nodes_per_s": nodes / seconds}
+
+
+def step_seconds(compiler: fd.Compiler, batches: list[list[Any]], repeats: int) -> float:
+    """Median device time of one jitted training step on pre-built batches (compilation excluded)."""
+    optimizer = optax.adam(1e-3)
+    params = compiler.init(jax.random.key(0))
+    opt_state = optimizer.init(params)
+    step = make_train_step(compiler, optimizer)
+    key = jax.random.key(0)
+    built = [compiler.build_batch(b) for b in batches]
+    jax.block_until_ready(step(params, opt_state, built[0], key))  # compile
+
+    def run_all() -> None:
+        p, s = params, opt_state
+        for b in built:
+            p, s, loss = step(p, s, b, key)
+        jax.block_until_ready(loss)
+
+    return median_seconds(run_all, repeats) / len(built)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batches", type=int, default=20, help="batches per workload")
+    p.add_argument("--leaves", type=int, default=128, help="leaves of the random trees")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
+    p.add_argument("--quick", action="store_true", help="a few small batches (what the tests run)")
+    p.add_argument("--json", default=None, help="results path (default benchmarks/results/schedule_build[_quick].json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batch_size, args.batches, args.leaves, args.repeats = 16, 2, 16, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    trees = sst.load("train", args.data_dir, None if not args.quick else args.batch_size * args.batches)
+    trees = trees[: args.batch_size * args.batches]
+    word_idx = sst.vocabulary(sst.load("train", args.data_dir))
+    sst_batches = [trees[i:i + args.batch_size] for i in range(0, len(trees), args.batch_size)]
+    rng = random.Random(0)
+    random_batches = [[models.random_tree(rng, args.leaves) for _ in range(args.batch_size)]
+                      for _ in range(args.batches)]
+
+    sst_compiler = fd.Compiler.create(models.sst_model(word_idx))
+    results: dict[str, Any] = {"args": vars(args), "reference_nodes_per_s": {
+        "tensorflow_fold_cpp_per_thread": FOLD_CPP_NODES_PER_S, "goal": GOAL_NODES_PER_S}}
+    print(f"building {len(sst_batches)} SST batches of {args.batch_size} ...", flush=True)
+    results["sst"] = build_rate(sst_compiler, sst_batches, args.repeats)
+    print("timing the SST training step ...", flush=True)
+    step = step_seconds(sst_compiler, sst_batches, args.repeats)
+    build = results["sst"]["seconds_per_batch"]
+    results["sst"].update(step_seconds=step, host_share_of_step=build / (build + step))
+    print(f"building {len(random_batches)} batches of {args.leaves}-leaf random trees ...", flush=True)
+    table1 = fd.Compiler.create(models.table1_model(256 if not args.quick else 16, args.leaves))
+    results["random_trees"] = build_rate(table1, random_batches, args.repeats)
+
+    rows = [[name, f"{r['nodes_per_batch']:.0f}", f"{r['seconds_per_batch'] * 1e3:.1f}", f"{r['nodes_per_s']:.0f}",
+             f"{r['nodes_per_s'] / FOLD_CPP_NODES_PER_S:.1f}", f"{r['nodes_per_s'] / GOAL_NODES_PER_S:.2f}"]
+            for name, r in (("SST Tree-LSTM", results["sst"]), (f"{args.leaves}-leaf trees", results["random_trees"]))]
+    print_table(f"build_batch, batch {args.batch_size}, one process",
+                ["workload", "nodes/batch", "ms/batch", "nodes/s", "x Fold C++", "x goal (3e5)"], rows)
+    print(f"\nSST training step: {step * 1e3:.1f} ms on the device, building {build * 1e3:.1f} ms: "
+          f"the host is {100 * results['sst']['host_share_of_step']:.0f}% of a step without background workers")
+
+    path = write_results("schedule_build_quick" if args.quick else "schedule_build", results, args.json)
+    plot(results, plot_path(path))
+    print(f"\nresults written to {path} and {plot_path(path).name}")
+    return results
+
+
+def plot(results: dict, path: Any) -> None:
+    """Bar chart of nodes/s per workload against Fold's C++ scheduler and the goal (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["SST Tree-LSTM", "random trees"]
+    rates = [results["sst"]["nodes_per_s"], results["random_trees"]["nodes_per_s"]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(names, rates, color="tab:blue")
+    ax.axhline(FOLD_CPP_NODES_PER_S, color="tab:gray", ls="--", label="TF Fold C++ (per thread)")
+    ax.axhline(GOAL_NODES_PER_S, color="tab:green", ls=":", label="goal")
+    ax.set(yscale="log", ylabel="nodes / s (one process)", title="build_batch speed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

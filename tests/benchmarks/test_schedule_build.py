@@ -1,0 +1,32 @@
+"""The schedule_build benchmark runs in --quick mode and writes consistent numbers."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import models, schedule_build
+
+
+def test_random_tree_has_the_requested_leaves():
+    import random
+
+    def leaves(t):
+        return 1 if isinstance(t, int) else leaves(t[0]) + leaves(t[1])
+
+    rng = random.Random(0)
+    assert [leaves(models.random_tree(rng, n)) for n in (1, 2, 7, 128)] == [1, 2, 7, 128]
+
+
+def test_quick_run(tmp_path):
+    out = tmp_path / "schedule_build.json"
+    results = schedule_build.main(["--quick", "--json", str(out)])
+    for workload in ("sst", "random_trees"):
+        r = results[workload]
+        assert r["batches"] == 2 and r["nodes"] > 0
+        assert abs(r["nodes_per_s"] * r["seconds_per_batch"] * r["batches"] - r["nodes"]) < 1e-6 * r["nodes"]
+    # A 16-leaf tree has 15 pair nodes and 16 leaf lookups.
+    assert results["random_trees"]["nodes_per_batch"] == 16 * 31
+    assert 0 < results["sst"]["host_share_of_step"] < 1
+    saved = json.loads(out.read_text())
+    assert saved["machine"]["cores"] >= 1 and saved["sst"]["nodes"] == results["sst"]["nodes"]
+    assert out.with_suffix(".png").stat().st_size > 1000
