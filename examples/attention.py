@@ -57,8 +57,8 @@ def make_data(rng: np.random.Generator, n: int, t0: int) -> list[tuple[list, flo
 
 def attention_block(hidden: int, score_scale: float = 10.0) -> fd.Composition:
     """Sequence of 2-vectors -> context vector, as a DAG (the Fold paper's Appendix A)."""
-    encode = fd.FC(hidden)
-    score = fd.FC(1, activation=lambda e: score_scale * jnp.tanh(e))
+    encode = fd.FC(hidden, name="encode")
+    score = fd.FC(1, activation=lambda e: score_scale * jnp.tanh(e), name="score")
     c = fd.Composition()
     with c.scope():
         h = fd.Map(fd.Vector(2) >> fd.Function(encode)).reads(c.input)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
+import fold as fd
 from examples import attention
 
 
@@ -25,3 +27,14 @@ def test_quick_run_learns(tmp_path):
     assert history[-1]["test_mse"] < history[0]["test_mse"]
     # Predicting 0 gives the target's variance, 2/3: the model must do clearly better.
     assert 0.0 <= run["test_accuracy"] <= 1.0 and run["test_mse"] < 0.3
+
+
+def test_attention_block_matches_numpy():
+    block = attention.attention_block(hidden=4, score_scale=10.0)
+    seq = np.random.default_rng(1).uniform(-1, 1, (7, 2))
+    params = fd.Compiler.create(block).init(jax.random.key(2))
+    p = {k: {n: np.asarray(v) for n, v in layer.items()} for k, layer in params.items()}
+    h = np.maximum(seq @ p["encode"]["w"] + p["encode"]["b"], 0)
+    e = 10.0 * np.tanh(h @ p["score"]["w"] + p["score"]["b"])[:, 0]
+    alpha = np.exp(e) / np.exp(e).sum()
+    np.testing.assert_allclose(block.eval(seq.tolist(), params), alpha @ h, rtol=1e-5, atol=1e-6)
