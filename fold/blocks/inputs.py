@@ -6,6 +6,8 @@ plumbing: they never run on the device.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,6 +42,8 @@ __all__ = [
 
 def to_array(x: Any, ttype: TensorType) -> np.ndarray:
     """Converts a host value to an array of ``ttype``, with errors of their natural type."""
+    if ttype.shape == () and type(x) in (int, float):
+        return _scalar(x, ttype)
     if x is None:
         raise TypeError(f"expected a value for {ttype}, got None")
     if isinstance(x, (str, bytes)):
@@ -55,13 +59,38 @@ def to_array(x: Any, ttype: TensorType) -> np.ndarray:
     if target.kind in "iu" and arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             raise ValueError(f"expected integers for {ttype}, got {x!r}")
-    if target.kind in "iu" and arr.dtype.kind in "iu" and arr.size:
+    # Integral floats must fit too: casting 1e40 to int32 would silently wrap.
+    if target.kind in "iu" and arr.dtype.kind in "iuf" and arr.size:
         info = np.iinfo(target)
         if arr.min() < info.min or arr.max() > info.max:
             raise ValueError(f"value {x!r} does not fit in {ttype.dtype}")
     if target.kind == "b" and arr.dtype.kind != "b":
         raise ValueError(f"expected booleans for {ttype}, got {x!r}")
     return arr.astype(target)
+
+
+@functools.cache
+def _int_bounds(dtype: np.dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _scalar(x: int | float, ttype: TensorType) -> np.generic:
+    """The common case of ``to_array``, a Python number to a scalar, without building arrays."""
+    target = np.dtype(ttype.dtype)
+    kind = target.kind
+    if kind == "f":
+        return target.type(x)
+    if kind in "iu":
+        if type(x) is float and not (math.isfinite(x) and x == int(x)):
+            raise ValueError(f"expected integers for {ttype}, got {x!r}")
+        low, high = _int_bounds(target)
+        if not low <= x <= high:
+            raise ValueError(f"value {x!r} does not fit in {ttype.dtype}")
+        return target.type(int(x))
+    if kind == "b":
+        raise ValueError(f"expected booleans for {ttype}, got {x!r}")
+    return np.asarray(x).astype(target)[()]
 
 
 class Tensor(Block):
@@ -252,9 +281,22 @@ class Zeros(Block):
         t = convert_to_type(output_type)
         _check_zeroable(t)
         super().__init__(name, None, t)
+        # Values made of tensor ids and tuples are immutable: share one per batch.
+        self._shareable = _tensors_and_tuples(t)
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
-        return zeros_value(self.output_type, ctx)
+        if not self._shareable:
+            return zeros_value(self.output_type, ctx)
+        cached = ctx.block_cache.get(self)
+        if cached is None:
+            cached = ctx.block_cache[self] = zeros_value(self.output_type, ctx)
+        return cached
+
+
+def _tensors_and_tuples(t: Type) -> bool:
+    if isinstance(t, TupleType):
+        return all(_tensors_and_tuples(i) for i in t)
+    return isinstance(t, TensorType)
 
 
 class Optional(Block):

@@ -53,9 +53,21 @@ class CompiledOp:
         self.out_tidx = [type_index[t] for t in spec.out_types]
         self.out_slots = _slots(self.out_tidx)
         self.in_slots = _slots(self.in_tidx)
+        self.in_shape = _value_shape(spec.in_type)
+        self.out_shape = _value_shape(spec.out_type)
         layer = spec.layer
         overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
         self.check_inputs = layer.check_constant_inputs if overridden else None
+
+
+def _value_shape(t: Type) -> str:
+    """How a host value of ``t`` maps to tensor ids: one id ("tensor"), a flat
+    tuple of ids ("flat"), or anything else ("nested", the generic path)."""
+    if isinstance(t, TensorType):
+        return "tensor"
+    if isinstance(t, TupleType) and all(isinstance(i, TensorType) for i in t):
+        return "flat"
+    return "nested"
 
 
 def _slots(tidx: list[int]) -> list[tuple[int, int]]:

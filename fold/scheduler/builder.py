@@ -38,6 +38,8 @@ class BatchBuilder:
         self.metrics: dict[str, list[tuple[int, int]]] = {name: [] for name in model.metric_types}
         self.max_depth = 0
         self._shared: dict[Any, int] = {}
+        # Per-batch memo for blocks whose host value is the same every call (Zeros).
+        self.block_cache: dict[Any, Any] = {}
 
     def _new_value(self, t: int, depth: int, node: int, pos: int) -> int:
         vid = len(self.v_type)
@@ -78,20 +80,36 @@ class BatchBuilder:
         """Records one call of ``block``'s operation on host value ``x``."""
         o = self.model.block_ops[block]
         op = self.model.ops[o]
-        inputs = flatten_value(x)
+        # Most operations take one tensor or a flat tuple: skip the generic flatten.
+        if op.in_shape == "tensor":
+            inputs = [x]
+        elif op.in_shape == "flat":
+            inputs = list(x)
+        else:
+            inputs = flatten_value(x)
         if op.check_inputs is not None:
             values = [self.const_value(v) for v in inputs]
             if all(v is not None for v in values):
                 op.check_inputs(*values)
         v_depth = self.v_depth
-        depth = 1 + max((v_depth[v] for v in inputs), default=0)
+        depth = 1 + max([v_depth[v] for v in inputs], default=0)
         if depth > self.max_depth:
             self.max_depth = depth
         node = len(self.n_op)
         self.n_op.append(o)
         self.n_depth.append(depth)
         self.n_inputs.append(inputs)
-        outs = [self._new_value(t, depth, node, j) for j, t in enumerate(op.out_tidx)]
+        first = len(self.v_type)
+        n_out = len(op.out_tidx)
+        self.v_type.extend(op.out_tidx)
+        self.v_depth.extend([depth] * n_out)
+        self.v_node.extend([node] * n_out)
+        self.v_pos.extend(range(n_out))
+        if op.out_shape == "tensor":
+            return first
+        outs = list(range(first, first + n_out))
+        if op.out_shape == "flat":
+            return tuple(outs)
         return unflatten_value(op.spec.out_type, outs)[0]
 
     def metric(self, name: str, vid: int) -> None:

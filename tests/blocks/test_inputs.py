@@ -79,3 +79,36 @@ def test_broadcast_evaluates_to_endless_iterable():
     out = (fd.Scalar() >> fd.Broadcast()).eval(2)
     assert isinstance(out, itertools.repeat)
     assert [float(v) for v in itertools.islice(out, 3)] == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int8", "uint8", "int64", "bool"])
+@pytest.mark.parametrize("x", [0, 3, -1, 300, 2**40, 3.0, 3.5, -0.0, float("nan"), float("inf"), 1e40])
+def test_python_scalar_fast_path_agrees_with_the_array_path(x, dtype):
+    """Python ints and floats take a shortcut; 0-d arrays take the general path."""
+    from fold.blocks.inputs import to_array
+
+    t = fd.TensorType((), dtype)
+
+    def outcome(v):
+        try:
+            with np.errstate(over="ignore"):
+                r = to_array(v, t)
+            return ("ok", np.asarray(r).dtype, np.asarray(r).tolist())
+        except (TypeError, ValueError) as e:
+            return (type(e).__name__,)
+
+    fast, general = outcome(x), outcome(np.asarray(x))
+    if fast[0] == "ok" and general[0] == "ok":
+        assert fast[1] == general[1]
+        assert fast[2] == general[2] or (np.isnan(fast[2]) and np.isnan(general[2]))
+    else:
+        assert fast[0] == general[0], (fast, general)
+
+
+def test_out_of_range_integers_are_value_errors_not_wrapped():
+    from fold.blocks.inputs import to_array
+
+    for x in (1e40, np.asarray(1e40), np.asarray([1.0, 3e9]), 2**70):
+        with pytest.raises(ValueError, match="does not fit in int32"):
+            to_array(x, fd.TensorType(np.shape(x), "int32"))
+    assert to_array(2**70, fd.TensorType((), "float32")) == np.float32(2.0**70)
