@@ -15,8 +15,11 @@ Host-walk protocol. A block either
 
 The driver in the scheduler runs these generators on an explicit stack,
 so walking a 10,000-deep input never recurses in Python. ``label`` is this
-block's element of the error path (``"Record['left']"``, ``"Map[3]"``) or
-``None`` for transparent plumbing such as ``Pipe``.
+block's element of the error path (``"Record['left']"``, or
+``("Map[{}]", 3)``, formatted only if an error needs it) or ``None`` for
+transparent plumbing such as ``Pipe``. A generator may run a *leaf* child
+itself with ``run_leaf`` instead of yielding it: that skips a round trip
+through the driver, and a failure still names the child.
 
 Host values: a tensor is an ``int`` id issued by the batch builder, a tuple
 is a tuple, a sequence is a list, a broadcast sequence is a ``Repeat``, a
@@ -31,9 +34,25 @@ from typing import Any
 
 from fold.blocks.types import Type, convert_to_type
 
-__all__ = ["Block", "convert_to_block", "Repeat", "type_error"]
+__all__ = ["Block", "convert_to_block", "Repeat", "type_error", "LeafError", "run_leaf"]
 
 _scopes = threading.local()
+
+
+class LeafError(Exception):
+    """An error of a leaf run by its parent with ``run_leaf``: the driver unwraps it."""
+
+    def __init__(self, block: Block, label: Any, error: Exception):
+        super().__init__(error)
+        self.block, self.label, self.error = block, label, error
+
+
+def run_leaf(block: Block, x: Any, ctx: Any, label: Any = None) -> Any:
+    """Runs leaf ``block`` on ``x`` from inside a parent's ``_host`` generator."""
+    try:
+        return block._host_leaf(x, ctx)
+    except Exception as e:
+        raise LeafError(block, label, e) from None
 
 
 def _scope_stack() -> list:

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from fold.blocks.base import Block, _scope_stack, convert_to_block, type_error, unify
+from fold.blocks.base import Block, _scope_stack, convert_to_block, run_leaf, type_error, unify
 from fold.blocks.types import TupleType, VoidType
 
 __all__ = ["Composition"]
@@ -202,5 +202,8 @@ class Composition(Block):
                 inp = vals[srcs[0]]
             else:
                 inp = tuple(vals[s] for s in srcs)
-            vals[b] = inp if b is self.output else (yield b, inp, None)
+            if b is self.output:
+                vals[b] = inp
+            else:
+                vals[b] = run_leaf(b, inp, ctx) if b._leaf else (yield b, inp, None)
         return vals[self.output]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fold.blocks.base import Block, convert_to_block, unify
+from fold.blocks.base import Block, convert_to_block, run_leaf, unify
 from fold.blocks.types import PyObjectType, TensorType, Type, VoidType
 
 __all__ = ["OneOf", "ForwardDeclaration", "Metric"]
@@ -88,7 +88,7 @@ class OneOf(Block):
         case = self._case(key)
         if self.pre_block is not None:
             x = yield self.pre_block, x, "OneOf[pre]"
-        return (yield case, x, "OneOf")
+        return run_leaf(case, x, ctx, "OneOf") if case._leaf else (yield case, x, "OneOf")
 
 
 class ForwardDeclaration(Block):

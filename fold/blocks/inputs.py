@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fold.blocks.base import Block, Repeat, unify
+from fold.blocks.base import Block, Repeat, run_leaf, unify
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -332,5 +332,6 @@ class Optional(Block):
     def _host(self, x: Any, ctx: Any):
         if x is None:
             return (yield self.none_case, None, "Optional[None]")
-        return (yield self.some_case, x, None)
+        some = self.some_case
+        return run_leaf(some, x, ctx) if some._leaf else (yield some, x, None)
 

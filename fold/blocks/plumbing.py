@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from fold.blocks.base import Block, is_block_like, type_error, unify
+from fold.blocks.base import Block, is_block_like, run_leaf, type_error, unify
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -56,7 +56,7 @@ class Pipe(Block):
 
     def _host(self, x: Any, ctx: Any):
         for b in self._blocks:
-            x = yield b, x, None
+            x = run_leaf(b, x, ctx) if b._leaf else (yield b, x, None)
         return x
 
 
@@ -145,7 +145,8 @@ class Record(Block):
                 raise TypeError(f"{self!r} found no item {k!r} in {_short(x)}") from None
             except TypeError as e:
                 raise TypeError(f"{self!r} cannot read key {k!r} of {type(x).__name__} {_short(x)}: {e}") from None
-            out.append((yield b, v, f"{type(self).__name__}[{k!r}]"))
+            label = (f"{type(self).__name__}[{{!r}}]", k)
+            out.append(run_leaf(b, v, ctx, label) if b._leaf else (yield b, v, label))
         return tuple(out)
 
 
@@ -195,7 +196,7 @@ class AllOf(Block):
             return None
         out = []
         for i, b in enumerate(self._blocks):
-            out.append((yield b, x, f"AllOf[{i}]"))
+            out.append(run_leaf(b, x, ctx, ("AllOf[{}]", i)) if b._leaf else (yield b, x, ("AllOf[{}]", i)))
         return tuple(out)
 
 

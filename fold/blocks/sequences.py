@@ -11,7 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from fold.blocks.base import Block, Repeat, type_error, unify
+from fold.blocks.base import Block, Repeat, run_leaf, type_error, unify
 from fold.blocks.inputs import Zeros
 from fold.blocks.layers import Layer
 from fold.blocks.plumbing import AllOf, Pipe, _set_child
@@ -96,8 +96,13 @@ class Map(Block):
         if isinstance(x, Repeat):
             return Repeat((yield self.element_block, x.value, "Map[*]"))
         out = []
+        elem = self.element_block
+        if elem._leaf:
+            for i, v in enumerate(_as_list(self, x)):
+                out.append(run_leaf(elem, v, ctx, ("Map[{}]", i)))
+            return out
         for i, v in enumerate(_as_list(self, x)):
-            out.append((yield self.element_block, v, f"Map[{i}]"))
+            out.append((yield elem, v, ("Map[{}]", i)))
         return out
 
 

@@ -53,21 +53,41 @@ class CompiledOp:
         self.out_tidx = [type_index[t] for t in spec.out_types]
         self.out_slots = _slots(self.out_tidx)
         self.in_slots = _slots(self.in_tidx)
-        self.in_shape = _value_shape(spec.in_type)
-        self.out_shape = _value_shape(spec.out_type)
+        self.flatten_inputs = _flattener(spec.in_type)
+        self.outputs_from = _unflattener(spec.out_type)
         layer = spec.layer
         overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
         self.check_inputs = layer.check_constant_inputs if overridden else None
 
 
-def _value_shape(t: Type) -> str:
-    """How a host value of ``t`` maps to tensor ids: one id ("tensor"), a flat
-    tuple of ids ("flat"), or anything else ("nested", the generic path)."""
+# The host walk calls every operation once per node, so the conversions
+# between a host value (nested tuples of tensor ids) and the flat id list are
+# generated once per type as straight-line lambdas instead of recursing.
+def _leaf_paths(t: Type, path: str = "") -> list[str]:
     if isinstance(t, TensorType):
-        return "tensor"
-    if isinstance(t, TupleType) and all(isinstance(i, TensorType) for i in t):
-        return "flat"
-    return "nested"
+        return [path]
+    if isinstance(t, TupleType):
+        return [p for i, item in enumerate(t) for p in _leaf_paths(item, f"{path}[{i}]")]
+    return []  # void
+
+
+def _flattener(t: Type) -> Any:
+    """``x -> [tensor ids of x in order]`` for a host value of type ``t``."""
+    return eval(f"lambda x: [{', '.join('x' + p for p in _leaf_paths(t))}]")  # noqa: S307 (generated)
+
+
+def _unflattener(t: Type) -> Any:
+    """``first -> host value of type t`` whose tensor ids are ``first, first + 1, ...``."""
+    counter = itertools.count()
+
+    def expr(t: Type) -> str:
+        if isinstance(t, TensorType):
+            return f"first + {next(counter)}"
+        if isinstance(t, TupleType):
+            return "(" + "".join(f"{expr(i)}, " for i in t) + ")"
+        return "None"
+
+    return eval(f"lambda first: {expr(t)}")  # noqa: S307 (generated)
 
 
 def _slots(tidx: list[int]) -> list[tuple[int, int]]:

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from fold.blocks.tensors import flatten_value, unflatten_value
 from fold.blocks.types import TensorType
 
 __all__ = ["BatchBuilder"]
@@ -80,13 +79,7 @@ class BatchBuilder:
         """Records one call of ``block``'s operation on host value ``x``."""
         o = self.model.block_ops[block]
         op = self.model.ops[o]
-        # Most operations take one tensor or a flat tuple: skip the generic flatten.
-        if op.in_shape == "tensor":
-            inputs = [x]
-        elif op.in_shape == "flat":
-            inputs = list(x)
-        else:
-            inputs = flatten_value(x)
+        inputs = op.flatten_inputs(x)
         if op.check_inputs is not None:
             values = [self.const_value(v) for v in inputs]
             if all(v is not None for v in values):
@@ -105,12 +98,7 @@ class BatchBuilder:
         self.v_depth.extend([depth] * n_out)
         self.v_node.extend([node] * n_out)
         self.v_pos.extend(range(n_out))
-        if op.out_shape == "tensor":
-            return first
-        outs = list(range(first, first + n_out))
-        if op.out_shape == "flat":
-            return tuple(outs)
-        return unflatten_value(op.spec.out_type, outs)[0]
+        return op.outputs_from(first)
 
     def metric(self, name: str, vid: int) -> None:
         depth = self.v_depth[vid] + 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fold.blocks.base import Block
+from fold.blocks.base import Block, LeafError
 
 __all__ = ["walk", "InputError"]
 
@@ -32,7 +32,8 @@ def _message(e: BaseException) -> str:
 def _rewrap(e: BaseException, stack: list, block: Block, example_index: int | None) -> BaseException:
     if getattr(e, InputError.attribute, False):
         return e
-    parts = [label for _, _, label in stack if label is not None]
+    parts = [label if isinstance(label, str) else label[0].format(*label[1:])
+             for _, _, label in stack if label is not None]
     parts.append(block._path_name())
     path = " > ".join(parts)
     where = f"example {example_index}" if example_index is not None else "the input"
@@ -87,6 +88,9 @@ def walk(root: Block, x: Any, ctx: Any) -> Any:
             stack.pop()
             value = stop.value
             continue
+        except LeafError as e:
+            frame[2] = e.label
+            _reraise(e.error, stack, e.block, ctx.example_index)
         except Exception as e:
             stack.pop()
             _reraise(e, stack, frame[1], ctx.example_index)
