@@ -117,7 +117,7 @@ def run(t0: int, args: argparse.Namespace) -> dict[str, Any]:
     steps = args.epochs * max(len(train_data) // args.batch_size, 1)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.learning_rate, steps))
     params, history = train(compiler, params, train_data, epochs=args.epochs, batch_size=args.batch_size,
-                            optimizer=optimizer, seed=args.seed, quiet=args.quiet,
+                            optimizer=optimizer, seed=args.seed, quiet=args.quiet, num_workers=args.workers,
                             on_epoch=lambda _, p: test_metrics(p))
     return {"t0": t0, "history": history, **test_metrics(params)}
 

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
         return per_example_metrics(compiler, p, test_data)["abs_error"]
 
     params, history = train(compiler, params, train_data, epochs=args.epochs, batch_size=args.batch_size,
-                            optimizer=optimizer, seed=args.seed, quiet=args.quiet,
+                            optimizer=optimizer, seed=args.seed, quiet=args.quiet, num_workers=args.workers,
                             on_epoch=lambda _, p: {"test_abs_error": float(test_errors(p).mean())})
 
     errors = test_errors(params)

@@ -30,6 +30,8 @@ def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, ba
     p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
     p.add_argument("--json", default=None, help=f"report path (default examples/results/{name}[_quick].json)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes building batches ahead of the device (0: build in this process)")
 
 
 def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformation,
@@ -52,7 +54,7 @@ def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformati
 
 
 def train(compiler: fd.Compiler, params: Any, data: list, *, epochs: int, batch_size: int,
-          optimizer: optax.GradientTransformation, seed: int, quiet: bool = False,
+          optimizer: optax.GradientTransformation, seed: int, quiet: bool = False, num_workers: int = 0,
           on_epoch: Callable[[int, Any], dict] | None = None) -> tuple[Any, list[dict]]:
     """Trains with ``compiler.batches``; returns params and one record per epoch.
 
@@ -66,7 +68,7 @@ def train(compiler: fd.Compiler, params: Any, data: list, *, epochs: int, batch_
         start, losses = time.perf_counter(), []
         # Equal batch sizes keep the number of compilations down (it is a static shape).
         batches = compiler.batches(data, batch_size, shuffle=True, seed=seed * 10_000 + epoch,
-                                   drop_remainder=len(data) >= batch_size)
+                                   drop_remainder=len(data) >= batch_size, num_workers=num_workers)
         n_batches = max(len(data) // batch_size, 1)
         for batch in tqdm(batches, total=n_batches, desc=f"epoch {epoch + 1}", leave=False, disable=quiet):
             params, opt_state, loss = step(params, opt_state, batch, jax.random.fold_in(key, n))

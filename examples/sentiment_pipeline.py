@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
     params = compiler.init(jax.random.key(args.seed))
     best, history = train_keep_best(compiler, params, train_data, lambda p: accuracies(compiler, p, dev), "fine",
                                     epochs=args.epochs, batch_size=args.batch_size,
-                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet)
+                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet,
+                                    num_workers=args.workers)
     results = {split: accuracies(compiler, best["params"], data) for split, data in (("dev", dev), ("test", test))}
     print_table(f"SST sentence sentiment (root labels; best dev epoch {best['epoch']})",
                 ["split", "fine-grained", "binary"],

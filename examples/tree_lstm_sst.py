@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     params = compiler.init(jax.random.key(args.seed))
     best, history = train_keep_best(compiler, params, train_trees, lambda p: evaluate(compiler, p, dev), "root_fine",
                                     epochs=args.epochs, batch_size=args.batch_size,
-                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet)
+                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet,
+                                    num_workers=args.workers)
     results = {"dev": evaluate(compiler, best["params"], dev), "test": evaluate(compiler, best["params"], test)}
     print_table(f"SST Tree-LSTM (best dev epoch {best['epoch']})",
                 ["split", "root fine-grained", "all nodes fine-grained", "root binary"],

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.quiet:
             print(f"training {name}")
         params, history = train(compiler, params, train_data, epochs=args.epochs, batch_size=args.batch_size,
-                                optimizer=optimizer, seed=args.seed, quiet=args.quiet,
+                                optimizer=optimizer, seed=args.seed, quiet=args.quiet, num_workers=args.workers,
                                 on_epoch=lambda _, p: {"test_r2": test_r2(p)})
         results[name] = {"test_r2": history[-1]["test_r2"], "history": history}
     print_table("held-out R^2 of the pairwise target", ["model", "test R^2"],

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -36,6 +35,7 @@ from fold.blocks.types import (
 )
 from fold.compiler.executor import Executor
 from fold.compiler.result import MetricValues, Result
+from fold.scheduler.background import build_ahead
 from fold.scheduler.builder import BatchBuilder
 from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
 from fold.scheduler.walk import walk
@@ -313,9 +313,15 @@ class Compiler:
         """Yields built batches of ``batch_size`` examples.
 
         ``shuffle`` permutes the examples with ``numpy.random.default_rng(seed)``
-        (fresh entropy when ``seed`` is None). ``num_workers > 0`` builds that
-        many batches ahead on background threads while the caller computes.
-        The last partial batch is yielded unless ``drop_remainder``.
+        (fresh entropy when ``seed`` is None). The last partial batch is
+        yielded unless ``drop_remainder``.
+
+        ``num_workers > 0`` builds batches ahead, in order, in that many
+        forked worker processes while the caller computes (threads where
+        ``fork`` is unavailable; see ``fold/scheduler/background.py``). A
+        malformed example raises in the caller with its natural type; a
+        worker that dies raises ``RuntimeError``; leaving the loop early
+        shuts the workers down.
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -331,12 +337,7 @@ class Compiler:
             for chunk in chunks:
                 yield self.build_batch(chunk)
             return
-        with ThreadPoolExecutor(num_workers) as pool:
-            futures = [pool.submit(self.build_batch, c) for c in chunks[:num_workers]]
-            for i in range(len(chunks)):
-                if i + num_workers < len(chunks):
-                    futures.append(pool.submit(self.build_batch, chunks[i + num_workers]))
-                yield futures[i].result()
+        yield from build_ahead(self, chunks, num_workers)
 
     # ---------------------------------------------------------------- apply
     def apply(self, params: Any, batch: Batch, key: jax.Array | None = None) -> Result:

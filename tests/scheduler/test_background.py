@@ -1,0 +1,72 @@
+"""Background batch building in worker processes: order, errors, dead workers, shutdown."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import fold as fd
+from fold.scheduler import background
+
+
+def _model() -> fd.Compiler:
+    # A lambda on purpose: forked workers need no pickling of the model.
+    return fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: x * 3.0)) >> fd.Sum())
+
+
+def _arrays_equal(a: fd.Batch, b: fd.Batch) -> bool:
+    la, lb = jax.tree_util.tree_leaves(a.arrays), jax.tree_util.tree_leaves(b.arrays)
+    return a.layout == b.layout and len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
+
+
+def test_workers_build_the_same_batches_in_order():
+    compiler = _model()
+    data = [[float(i)] * (i % 7) for i in range(101)]
+    sequential = list(compiler.batches(data, 8))
+    parallel = list(compiler.batches(data, 8, num_workers=2))
+    assert len(parallel) == len(sequential) == 13
+    assert all(_arrays_equal(a, b) for a, b in zip(parallel, sequential))
+    params = compiler.init(jax.random.key(0))
+    out = np.concatenate([np.asarray(compiler.apply(params, b).outputs) for b in parallel])
+    np.testing.assert_allclose(out, [3.0 * i * (i % 7) for i in range(101)])
+
+
+def test_a_bad_example_raises_in_the_consumer_with_its_natural_type():
+    compiler = _model()
+    data = [[1.0]] * 20 + [[1.0, "x"]] + [[2.0]] * 20
+    got = []
+    with pytest.raises(ValueError, match="example 0: at Map.1. > Scalar: expected a number"):
+        for batch in compiler.batches(data, 4, num_workers=2):
+            got.append(batch)
+    assert len(got) == 5  # every batch before the bad one arrived
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_a_dead_worker_raises_instead_of_hanging():
+    compiler = _model()
+    data = [[1.0] * 50] * 400
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker process died"):
+        for i, _ in enumerate(compiler.batches(data, 4, num_workers=2)):
+            if i == 1:
+                for child in multiprocessing.active_children():
+                    os.kill(child.pid, signal.SIGKILL)
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_leaving_early_shuts_the_workers_down():
+    compiler = _model()
+    before = {p.pid for p in multiprocessing.active_children()}
+    gen = compiler.batches([[1.0]] * 400, 4, num_workers=2)
+    next(gen)
+    workers = {p.pid for p in multiprocessing.active_children()} - before
+    assert len(workers) == 2
+    gen.close()
+    assert not workers & {p.pid for p in multiprocessing.active_children()}
