@@ -57,6 +57,7 @@ def _pool(compiler: Any, chunks: Sequence[list], num_workers: int) -> Executor:
         warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
         for f in [pool.submit(int, 0) for _ in range(num_workers)]:
             f.result()
+    _JOB = None  # the workers have their copy; do not keep the examples alive here
     return pool
 
 
