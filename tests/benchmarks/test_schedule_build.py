@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 from benchmarks import models, schedule_build
+
+SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
 
 
 def test_random_tree_has_the_requested_leaves():
@@ -19,7 +22,7 @@ def test_random_tree_has_the_requested_leaves():
 
 def test_quick_run(tmp_path):
     out = tmp_path / "schedule_build.json"
-    results = schedule_build.main(["--quick", "--json", str(out)])
+    results = schedule_build.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])
     for workload in ("sst", "random_trees"):
         r = results[workload]
         assert r["batches"] == 2 and r["nodes"] > 0
