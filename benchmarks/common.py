@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -49,4 +50,21 @@ def write_results(name: str, results: dict, path: str | None = None) -> pathlib.
 def plot_path(json_path: pathlib.Path) -> pathlib.Path:
     """The PNG written next to a result file."""
     return json_path.with_suffix(".png")
+
+
+@contextlib.contextmanager
+def figure(path: pathlib.Path, size: tuple[float, float] = (6, 3.5)) -> Iterator[Any]:
+    """Yields a matplotlib ``Axes``; saves the figure to ``path`` (PNG) on exit."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # benchmarks run headless
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield ax
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
 

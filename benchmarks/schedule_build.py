@@ -24,7 +24,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import median_seconds, plot_path, write_results
+from benchmarks.common import figure, median_seconds, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -115,22 +115,14 @@ def main(argv: list[str] | None = None) -> dict:
 
 def plot(results: dict, path: Any) -> None:
     """Bar chart of nodes/s per workload against Fold's C++ scheduler and the goal (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = ["SST Tree-LSTM", "random trees"]
     rates = [results["sst"]["nodes_per_s"], results["random_trees"]["nodes_per_s"]]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(names, rates, color="tab:blue")
-    ax.axhline(FOLD_CPP_NODES_PER_S, color="tab:gray", ls="--", label="TF Fold C++ (per thread)")
-    ax.axhline(GOAL_NODES_PER_S, color="tab:green", ls=":", label="goal")
-    ax.set(yscale="log", ylabel="nodes / s (one process)", title="build_batch speed")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path) as ax:
+        ax.bar(names, rates, color="tab:blue")
+        ax.axhline(FOLD_CPP_NODES_PER_S, color="tab:gray", ls="--", label="TF Fold C++ (per thread)")
+        ax.axhline(GOAL_NODES_PER_S, color="tab:green", ls=":", label="goal")
+        ax.set(yscale="log", ylabel="nodes / s (one process)", title="build_batch speed")
+        ax.legend()
 
 
 if __name__ == "__main__":

@@ -56,13 +56,15 @@ from fold.blocks.types import (
 )
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
+from fold.compiler.stats import CompilerStats
 from fold.scheduler.schedule import Batch, BatchStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllOf", "Batch", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast", "BroadcastSequenceType", "Compiler",
-    "Composition", "Concat", "Dropout", "Embedding", "FC", "Fold", "ForwardDeclaration", "FromTensor", "Function",
+    "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC", "Fold", "ForwardDeclaration",
+    "FromTensor", "Function",
     "GRUCell", "GetItem", "Identity", "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max",
     "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf",
     "Optional", "Pipe", "PyObjectType", "RNN", "Record", "Reduce", "Result", "Scalar", "SequenceType",

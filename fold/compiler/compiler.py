@@ -35,6 +35,7 @@ from fold.blocks.types import (
 )
 from fold.compiler.executor import Executor
 from fold.compiler.result import MetricValues, Result
+from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import build_ahead
 from fold.scheduler.builder import BatchBuilder
 from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
@@ -251,6 +252,7 @@ class Compiler:
         self.metric_types = dict(sorted(self.metric_types.items()))
 
         self._root_leaves = out.tensor_leaves() if _root_ok(out) else []
+        self._stats = StatsRecorder()
         self.executor = Executor(self)
         self._arenas_jit = jax.jit(self.executor.arenas)
         return self
@@ -303,6 +305,12 @@ class Compiler:
         A malformed example raises KeyError, TypeError or ValueError naming
         the example's index, the block path and what was expected.
         """
+        batch = self._build_batch(examples)
+        self._stats.built(batch)
+        return batch
+
+    def _build_batch(self, examples: Iterable[Any]) -> Batch:
+        """``build_batch`` without counting it in ``stats`` (workers use this)."""
         examples = list(examples)
         if not examples:
             raise ValueError("build_batch needs at least one example")
@@ -337,7 +345,9 @@ class Compiler:
             for chunk in chunks:
                 yield self.build_batch(chunk)
             return
-        yield from build_ahead(self, chunks, num_workers)
+        for batch in build_ahead(self, chunks, num_workers):
+            self._stats.built(batch)  # counted here: workers have their own copy of the counters
+            yield batch
 
     # ---------------------------------------------------------------- apply
     def apply(self, params: Any, batch: Batch, key: jax.Array | None = None) -> Result:
@@ -350,6 +360,8 @@ class Compiler:
         """
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
+        if isinstance(batch.arrays["n_items"], jax.core.Tracer):
+            self._stats.traced()
         if key is not None and not (isinstance(key, jax.Array) and (
                 jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.shape == (2,))):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
@@ -372,6 +384,15 @@ class Compiler:
         if isinstance(t, TupleType):
             return tuple(self._nest(i, leaves) for i in t)
         return None
+
+    def stats(self, reset: bool = False) -> CompilerStats:
+        """Counts of what this compiler has built and traced (see ``CompilerStats``).
+
+        Every distinct ``BatchLayout`` costs one compilation of each jitted
+        function that takes batches; ``traces`` counts how often ``apply``
+        was actually traced. ``reset=True`` starts counting afresh.
+        """
+        return self._stats.snapshot(reset)
 
     # ------------------------------------------------------------- notebook
     def max_depth(self, example: Any) -> int:

@@ -40,7 +40,7 @@ def uses_processes() -> bool:
 
 def _build_in_worker(i: int) -> Any:
     compiler, chunks = _JOB  # type: ignore[misc]
-    return compiler.build_batch(chunks[i])
+    return compiler._build_batch(chunks[i])
 
 
 def _pool(compiler: Any, chunks: Sequence[list], num_workers: int) -> Executor:
@@ -62,7 +62,7 @@ def _pool(compiler: Any, chunks: Sequence[list], num_workers: int) -> Executor:
 
 
 def build_ahead(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int = 2) -> Iterator[Any]:
-    """Yields ``compiler.build_batch(chunk)`` for every chunk, in order, built in the background."""
+    """Yields the batch of every chunk, in order, built in the background (``compiler._build_batch``)."""
     if not chunks:
         return
     pool = _pool(compiler, chunks, num_workers)
@@ -72,7 +72,7 @@ def build_ahead(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: 
     try:
         while submitted < len(chunks) or pending:
             while submitted < len(chunks) and len(pending) < num_workers + ahead:
-                task = (compiler.build_batch, chunks[submitted]) if threads else (_build_in_worker, submitted)
+                task = (compiler._build_batch, chunks[submitted]) if threads else (_build_in_worker, submitted)
                 pending.append(pool.submit(*task))
                 submitted += 1
             future = pending.popleft()

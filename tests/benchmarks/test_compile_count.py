@@ -1,0 +1,22 @@
+"""The compile_count benchmark runs in --quick mode and its counts agree."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from benchmarks import compile_count
+
+SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
+
+
+def test_quick_run(tmp_path):
+    out = tmp_path / "compile_count.json"
+    r = compile_count.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])
+    assert r["trees"] == 320 and r["batches"] == 5 and len(r["steps"]) == 5
+    # Every distinct layout is compiled exactly once by the jitted step.
+    assert r["compilations"] == r["layouts"] == sum(s["new_layout"] for s in r["steps"])
+    assert sum(int(v) for v in r["size_classes"].values()) == 5
+    assert 0 < r["min_occupancy"] <= r["occupancy"] <= 1
+    assert json.loads(out.read_text())["layouts"] == r["layouts"]
+    assert out.with_suffix(".png").stat().st_size > 1000

@@ -1,0 +1,45 @@
+"""``compiler.stats()``: batches, layouts (compilations), traces and bucket occupancy."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+import fold as fd
+
+
+def _compiler() -> fd.Compiler:
+    return fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: x + 1.0)) >> fd.Sum())
+
+
+def test_counts_batches_layouts_nodes_and_occupancy():
+    compiler = _compiler()
+    small, big = compiler.build_batch([[1.0, 2.0]]), compiler.build_batch([[1.0] * 40])
+    compiler.build_batch([[3.0, 4.0]])
+    s = compiler.stats()
+    assert (s.batches, s.layouts, s.traces) == (3, 2, 0)
+    assert s.size_classes == {small.layout.size_class: 2, big.layout.size_class: 1}
+    assert s.nodes == 2 * small.stats.num_nodes + big.stats.num_nodes
+    occupancies = [b.stats.rows / b.layout.size_class for b in (small, big, small)]
+    assert s.occupancy == pytest.approx(sum(occupancies) / 3) and s.min_occupancy == min(occupancies)
+    assert compiler.stats(reset=True) == s
+    assert compiler.stats().batches == 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_are_counted_once_with_or_without_workers(num_workers):
+    compiler = _compiler()
+    list(compiler.batches([[1.0] * (i % 5) for i in range(30)], 4, num_workers=num_workers))
+    assert compiler.stats().batches == 8
+
+
+def test_traces_count_compilations_of_a_jitted_step():
+    compiler = _compiler()
+    params = compiler.init(jax.random.key(0))
+    step = jax.jit(lambda p, b: compiler.apply(p, b).outputs.sum())
+    for data in ([[1.0]], [[2.0]], [[1.0] * 50], [[3.0]]):
+        step(params, compiler.build_batch(data))
+    s = compiler.stats()
+    assert s.layouts == 2 and s.traces == 2  # one trace per layout, none for repeats
+    compiler.apply(params, compiler.build_batch([[1.0]]))  # eager: not a trace
+    assert compiler.stats().traces == 2
