@@ -78,6 +78,10 @@ class Layer(abc.ABC):
     def apply(self, params: Any, *inputs: Any) -> Any:
         """Runs the layer on batched inputs (a top-level tuple input is unpacked)."""
 
+    def _apply_keyed(self, params: Any, *inputs: Any, key: jax.Array | None) -> Any:
+        """``apply``, passing ``key`` only to stochastic layers."""
+        return self.apply(params, *inputs, key=key) if self.stochastic else self.apply(params, *inputs)
+
     def check_constant_inputs(self, *inputs: np.ndarray) -> None:  # noqa: B027 (optional hook)
         """Validates host-known input values at ``build_batch`` (override to check)."""
 

@@ -98,6 +98,8 @@ class Record(Block):
         super().__init__(name)
         self._plain_dict = isinstance(named_children, dict) and not isinstance(named_children, OrderedDict)
         self._fields = [(k, self._adopt(b)) for k, b in _record_fields(named_children)]
+        # Error-path labels, fixed per field (formatted only when an error needs them).
+        self._labels = [(f"{type(self).__name__}[{{!r}}]", k) for k, _ in self._fields]
         self._infer()
 
     @property
@@ -136,7 +138,7 @@ class Record(Block):
 
     def _host(self, x: Any, ctx: Any):
         out = []
-        for k, b in self._fields:
+        for (k, b), label in zip(self._fields, self._labels):
             try:
                 v = x[k]
             except KeyError:
@@ -145,7 +147,6 @@ class Record(Block):
                 raise TypeError(f"{self!r} found no item {k!r} in {_short(x)}") from None
             except TypeError as e:
                 raise TypeError(f"{self!r} cannot read key {k!r} of {type(x).__name__} {_short(x)}: {e}") from None
-            label = (f"{type(self).__name__}[{{!r}}]", k)
             out.append(run_leaf(b, v, ctx, label) if b._leaf else (yield b, v, label))
         return tuple(out)
 

@@ -145,8 +145,7 @@ class Function(Block):
             if self.layer is not None:
                 layer = self.layer
                 pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
-                kw = {"key": None} if layer.stochastic else {}
-                res = jax.eval_shape(lambda p, *a: layer.apply(p, *a, **kw), pshape, *args)
+                res = jax.eval_shape(lambda p, *a: layer._apply_keyed(p, *a, key=None), pshape, *args)
             else:
                 res = jax.eval_shape(self.fn, *args)
         except TypeError as e:
@@ -163,9 +162,7 @@ class Function(Block):
 
         if layer is not None:
             def run(params: Any, rng: Any, *flat: Any) -> list:
-                args = call_args(in_type, list(flat))
-                out = layer.apply(params, *args, key=rng) if layer.stochastic else layer.apply(params, *args)
-                return jax.tree_util.tree_leaves(out)
+                return jax.tree_util.tree_leaves(layer._apply_keyed(params, *call_args(in_type, list(flat)), key=rng))
             return OpSpec((layer, in_type), repr(self), in_type, out_type, run, layer)
 
         def run_fn(params: Any, rng: Any, *flat: Any) -> list:
