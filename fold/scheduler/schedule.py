@@ -48,6 +48,7 @@ class BatchStats(NamedTuple):
     num_items: int            # loop work items (iterations of the while_loop)
     max_depth: int            # deepest node
     rows: int                 # arena rows used by the fullest type (<= size_class)
+    type_rows: tuple          # arena rows used, per arena type (constants and node outputs)
 
 
 class Batch:
@@ -253,5 +254,6 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     layout = BatchLayout(A, num_examples, loop_ops, hoist_ops,
                          tuple(sorted(int(k) for k in consts)))
     host = HostInfo(v_type, v_row) if keep_host else None
-    stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows)
+    stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows,
+                       tuple(cursor.tolist()))
     return Batch(arrays, layout, host, stats)

@@ -71,6 +71,7 @@ def test_batch_stats_count_nodes_items_depth_and_rows():
     compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum())
     batch = compiler.build_batch([[1, 2, 3], [4]])
     # 4 doubles (depth 1, hoisted), then a balanced sum of 3: adds at depths 2 and 3.
-    assert batch.stats == fd.BatchStats(num_nodes=6, num_items=2, max_depth=3, rows=4 + 4 + 2)
+    assert batch.stats == fd.BatchStats(num_nodes=6, num_items=2, max_depth=3, rows=4 + 4 + 2,
+                                        type_rows=(4 + 4 + 2,))
     assert "nodes=6" in repr(batch)
     assert jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(batch))).stats is None

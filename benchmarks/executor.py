@@ -1,0 +1,123 @@
+"""Executor tuning: the chunk size C, and whole-arena copies in the compiled loop.
+
+For each ``--chunk-sizes`` value C, two multi-operation training steps are
+compiled and timed (median of ``--repeats``, compilation excluded and
+reported): the SST Tree-LSTM (leaf, pair, readout and metric operations)
+on real SST trees, and the Table 1 model on random 128-leaf trees. A very
+large C is the "one power-of-two bucket per (depth, operation)" dispatch:
+every group becomes a single work item, so the sweep also compares
+dispatch per chunk with dispatch per depth.
+
+For each compiled step it counts the HLO ``copy`` instructions whose
+shape is a whole arena (``[A + C, ...]``): XLA inserts them when an arena
+flows through a ``switch`` or is updated twice in one iteration, and each
+costs a full arena copy per loop iteration (DESIGN.md's "XLA traps").
+
+Run: ``python -m benchmarks.executor`` (``--quick`` for a seconds-long run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import fold as fd
+from benchmarks import models
+from benchmarks.common import figure, median_seconds, plot_path, write_results
+from examples import sst
+from examples.common import make_train_step, print_table
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 64, 128, 256, 512, 4096])
+    p.add_argument("--sst-batch", type=int, default=64)
+    p.add_argument("--tree-batch", type=int, default=256, help="batch of random trees (Table 1 model)")
+    p.add_argument("--hidden", type=int, default=150, help="SST state size (the Table 1 model uses 256)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
+    p.add_argument("--quick", action="store_true", help="tiny batches and models (what the tests run)")
+    p.add_argument("--json", default=None, help="results path (default benchmarks/results/executor[_quick].json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.chunk_sizes, args.sst_batch, args.tree_batch, args.hidden, args.repeats = [8, 64], 8, 4, 8, 1
+    if any(c < 8 or c & (c - 1) for c in args.chunk_sizes):
+        p.error("chunk sizes must be powers of two >= 8")
+    return args
+
+
+def arena_copies(hlo: str, rows: int) -> int:
+    """HLO ``copy`` instructions whose result has ``rows`` leading rows (a whole arena)."""
+    return len(re.findall(rf"= \w+\[{rows}(?:,[\d,]*)?\]\S* copy\(", hlo))
+
+
+def measure(block: fd.Block, examples: list, chunk: int, repeats: int) -> dict[str, Any]:
+    """Compile time, step time, loop items and whole-arena copies of one training step."""
+    compiler = fd.Compiler.create(block, chunk_size=chunk)
+    optimizer = optax.sgd(0.01)
+    params = compiler.init(jax.random.key(0))
+    opt_state = optimizer.init(params)
+    step = make_train_step(compiler, optimizer)
+    host = compiler.build_batch(examples)
+    batch = jax.device_put(host)
+    key = jax.random.key(0)
+    start = time.perf_counter()
+    compiled = step.lower(params, opt_state, batch, key).compile()
+    compile_s = time.perf_counter() - start
+    run = lambda: jax.block_until_ready(compiled(params, opt_state, batch, key))  # noqa: E731
+    run()
+    return {"chunk": chunk, "compile_s": compile_s, "step_s": median_seconds(run, repeats),
+            "items": host.stats.num_items, "nodes": host.stats.num_nodes, "size_class": host.layout.size_class,
+            "arena_copies": arena_copies(compiled.as_text(), host.layout.size_class + chunk)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    trees = sst.load("train", args.data_dir)
+    sst_examples = random.Random(0).sample(trees, args.sst_batch)
+    leaves = 16 if args.quick else 128
+    rng = random.Random(0)
+    workloads = {
+        "sst": (models.sst_model(sst.vocabulary(trees), state_size=args.hidden, embed_size=100), sst_examples),
+        "table1": (models.table1_model(16 if args.quick else 256, leaves),
+                   [models.random_tree(rng, leaves) for _ in range(args.tree_batch)]),
+    }
+    results: dict[str, Any] = {"args": vars(args), "workloads": {}}
+    for name, (block, examples) in workloads.items():
+        rows = []
+        for c in args.chunk_sizes:
+            print(f"{name}: C = {c} ...", flush=True)
+            rows.append(measure(block, examples, c, args.repeats))
+        best = min(rows, key=lambda r: r["step_s"])
+        results["workloads"][name] = {"examples": len(examples), "rows": rows, "best_chunk": best["chunk"]}
+        print_table(f"{name}: training step ({len(examples)} examples) against C",
+                    ["C", "loop items", "step ms", "us per item", "compile s", "whole-arena copies"],
+                    [[r["chunk"], r["items"], f"{r['step_s'] * 1e3:.1f}",
+                      f"{r['step_s'] / max(r['items'], 1) * 1e6:.0f}", f"{r['compile_s']:.1f}",
+                      r["arena_copies"]] for r in rows])
+        print(f"fastest: C = {best['chunk']}")
+    path = write_results("executor_quick" if args.quick else "executor", results, args.json)
+    plot(results, plot_path(path))
+    print(f"\nresults written to {path} and {plot_path(path).name}")
+    return results
+
+
+def plot(results: dict, path: Any) -> None:
+    """Step time against C per workload, relative to each workload's fastest."""
+    with figure(path) as ax:
+        for name, w in results["workloads"].items():
+            times = np.array([r["step_s"] for r in w["rows"]])
+            ax.plot([r["chunk"] for r in w["rows"]], times / times.min(), "o-", label=name)
+        ax.set(xscale="log", xlabel="chunk size C", ylabel="step time / fastest", title="training step against C")
+        ax.legend()
+
+
+if __name__ == "__main__":
+    main()
