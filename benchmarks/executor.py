@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 import fold as fd
-from benchmarks import models
+from benchmarks import models, table1
 from benchmarks.common import figure, median_seconds, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
@@ -53,29 +53,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _computations(hlo: str) -> dict[str, str]:
+    """HLO text split into ``{computation name: body}``."""
+    out, name, lines = {}, None, []
+    for line in hlo.splitlines():
+        head = re.match(r"(?:ENTRY )?%([\w.\-]+) .*\{$", line)
+        if head:
+            name, lines = head.group(1), []
+        elif line.startswith("}") and name is not None:
+            out[name], name = "\n".join(lines), None
+        elif name is not None:
+            lines.append(line)
+    return out
+
+
+def loop_computations(hlo: str) -> dict[str, str]:
+    """The computations that run inside ``while`` loops: bodies, conditions, and all they call."""
+    comps = _computations(hlo)
+    todo = [b for body in comps.values() for b in re.findall(r"\bbody=%([\w.\-]+)", body)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        todo += re.findall(r"(?:calls|to_apply|body|condition|branch_computations)=\{?%([\w.\-]+)", comps[name])
+        todo += re.findall(r"(?:, |\{)%([\w.\-]+)", "".join(re.findall(r"branch_computations=\{[^}]*\}",
+                                                                             comps[name])))
+    return {name: comps[name] for name in seen}
+
+
 def arena_copies(hlo: str, rows: int) -> int:
-    """HLO ``copy`` instructions whose result has ``rows`` leading rows (a whole arena)."""
-    return len(re.findall(rf"= \w+\[{rows}(?:,[\d,]*)?\]\S* copy\(", hlo))
+    """HLO ``copy`` instructions inside loops whose result has ``rows`` leading rows: a whole
+    arena copied on every iteration."""
+    copy = re.compile(rf"= \w+\[{rows}(?:,[\d,]*)?\]\S* copy\(")
+    return sum(len(copy.findall(body)) for body in loop_computations(hlo).values())
+
+
+def training_step(compiler: fd.Compiler, params: Any, batch: fd.Batch) -> tuple[Any, tuple]:
+    """The jitted SGD step and its arguments: the SST model's mean ``loss`` metric, or Table 1's
+    ``0.5 * sum(root ** 2)`` for a model without metrics."""
+    if "loss" in compiler.metric_types:
+        optimizer = optax.sgd(0.01)
+        return make_train_step(compiler, optimizer), (params, optimizer.init(params), batch, jax.random.key(0))
+    return table1.sgd_step(lambda p, b: compiler.apply(p, b).outputs), (params, batch)
 
 
 def measure(block: fd.Block, examples: list, chunk: int, repeats: int) -> dict[str, Any]:
     """Compile time, step time, loop items and whole-arena copies of one training step."""
     compiler = fd.Compiler.create(block, chunk_size=chunk)
-    optimizer = optax.sgd(0.01)
-    params = compiler.init(jax.random.key(0))
-    opt_state = optimizer.init(params)
-    step = make_train_step(compiler, optimizer)
     host = compiler.build_batch(examples)
-    batch = jax.device_put(host)
-    key = jax.random.key(0)
+    step, step_args = training_step(compiler, compiler.init(jax.random.key(0)), jax.device_put(host))
     start = time.perf_counter()
-    compiled = step.lower(params, opt_state, batch, key).compile()
+    compiled = step.lower(*step_args).compile()
     compile_s = time.perf_counter() - start
-    run = lambda: jax.block_until_ready(compiled(params, opt_state, batch, key))  # noqa: E731
+    hlo = compiled.as_text()
+    run = lambda: jax.block_until_ready(compiled(*step_args))  # noqa: E731
     run()
     return {"chunk": chunk, "compile_s": compile_s, "step_s": median_seconds(run, repeats),
             "items": host.stats.num_items, "nodes": host.stats.num_nodes, "size_class": host.layout.size_class,
-            "arena_copies": arena_copies(compiled.as_text(), host.layout.size_class + chunk)}
+            "arena_copies": arena_copies(hlo, host.layout.size_class + chunk),
+            "loop_computations": len(loop_computations(hlo))}
 
 
 def main(argv: list[str] | None = None) -> dict:
