@@ -19,7 +19,7 @@ def test_quick_run(tmp_path):
     assert f["trees"] == 64 and f["batches"] == 4
     # End to end cannot beat the device alone; the shares are fractions.
     assert 0 < f["trees_per_s"] <= f["device_trees_per_s"] * 1.05
-    assert 0 < f["host_share_serial"] < 1 and 0 <= f["host_share_workers"] < 1
+    assert 0 <= f["host_share_serial"] < 1 and 0 <= f["host_share_workers"] < 1
     assert abs(f["host_trees_per_s"] * f["host_s_per_batch"] * f["batches"] - f["trees"]) < 1e-6 * f["trees"]
     j = r["jax_per_tree"]["16"]
     assert j["trees"] == 1 and j["distinct_shapes_in_sample"] == 1 and j["compile_s_per_shape"] > 0
