@@ -5,6 +5,8 @@ See ``docs/design.md``. In short:
 * One arena per tensor type, ``A + C`` rows: constants, then node outputs.
 * Depth-1 groups read only constants; they run once, before the loop, on
   ``A`` padded rows each, and are differentiated by ordinary autodiff.
+  Tail groups (operations only a few calls from a result, such as a
+  per-node readout and loss) run the same way after the loop.
 * Deeper groups are work items ``(branch, first node, count)``; the loop
   runs one per iteration, dispatching with one ``lax.switch`` over
   (operation, item size). Branches *read* arenas and return padded
@@ -15,7 +17,7 @@ See ``docs/design.md``. In short:
   recompute each item's ``vjp``, mask padded rows, and scatter-add input
   cotangents into the cotangent arena in one scatter per type.
 * Stochastic layers get a key folded from the ``apply`` key and the
-  item's index (hoisted groups: the group's index), so the backward loop
+  item's index (hoisted and tail groups: the group's index), so the backward loop
   recomputes each item with the same random draws as the forward loop.
 * Padded rows of an item read the item's first real row, so they compute
   on real (finite) data; their output cotangents are zero and their input
@@ -39,8 +41,8 @@ _I0 = np.int32(0)
 
 _LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_out", "n_items")
 
-# Streams of per-call keys: loop items and hoisted groups never share a key.
-_LOOP_STREAM, _HOIST_STREAM = 0, 1
+# Streams of per-call keys: loop items, hoisted and tail groups never share a key.
+_LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 
 
 def _is_float(dtype: Any) -> bool:
@@ -104,23 +106,24 @@ class Executor:
                 arenas[t] = jnp.zeros((A + C, *tt.shape), tt.dtype)
         return arenas
 
-    def run_hoisted(self, params: Any, arenas: dict, arrays: dict, layout: Any, key: Any) -> dict:
-        """Runs every depth-1 group once, on ``A`` padded rows, and scatters its outputs."""
-        A = layout.size_class
-        S = A + self.chunk
-        rows = jnp.arange(A)
-        for h, o in enumerate(layout.hoist_ops):
+    def run_groups(self, params: Any, arenas: dict, in_idx: Any, groups: dict, ops: tuple, sizes: tuple,
+                   key: Any, stream: int) -> dict:
+        """Runs whole groups (hoisted before the loop, or tail groups after it) in order, group
+        ``h`` once on ``sizes[h]`` padded rows, and writes their outputs."""
+        S = in_idx.shape[0]
+        for h, (o, size) in enumerate(zip(ops, sizes)):
+            rows = jnp.arange(size)
             op = self.ops[o]
-            first, count = arrays["hoist_node"][h], arrays["hoist_count"][h]
+            first, count = groups["node"][h], groups["count"][h]
             valid = rows < count
-            idx = arrays["in_idx"][jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
+            idx = in_idx[jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
             xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
-            ys = self._call(op, params, _fold(key, _HOIST_STREAM, h), xs)
+            ys = self._call(op, params, _fold(key, stream, h), xs)
             for y, (t, k) in zip(ys, op.out_slots):
-                start = arrays["hoist_out"][h, self.model.slot_index[(t, k)]]
+                start = groups["out"][h, self.model.slot_index[(t, k)]]
                 dest = jnp.where(valid, start + rows, S)  # S is out of bounds: dropped
-                mask = valid.reshape((A,) + (1,) * (y.ndim - 1))
+                mask = valid.reshape((size,) + (1,) * (y.ndim - 1))
                 y = jnp.where(mask, y, jnp.zeros((), y.dtype))
                 arenas[t] = arenas[t].at[dest].set(y, mode="drop")
         return arenas
@@ -283,13 +286,17 @@ class Executor:
         layout = batch.layout
         params = self.model.prepare_params(params)
         arenas = self.initial_arenas(arrays, layout)
-        arenas = self.run_hoisted(params, arenas, arrays, layout, key)
+        A = layout.size_class
+        in_idx = arrays["in_idx"]
+        arenas = self.run_groups(params, arenas, in_idx, arrays["hoist"], layout.hoist_ops,
+                                 (A,) * len(layout.hoist_ops), key, _HOIST_STREAM)
         if layout.loop_ops:
             names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
             lparams = {name: params[name] for name in names}
             loop_arrays = {k: arrays[k] for k in _LOOP_ARRAYS}
             arenas = self._make_loop(layout)(lparams, arenas, loop_arrays, key)
-        return arenas
+        return self.run_groups(params, arenas, in_idx, arrays["tail"], layout.tail_ops, layout.tail_sizes, key,
+                               _TAIL_STREAM)
 
 
 def _fold(key: Any, stream: int, i: Any) -> Any:

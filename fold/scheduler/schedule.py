@@ -9,9 +9,14 @@ is a dump region for padded writes), the per-node input index table has
 ``A + C`` rows, the work list and metric arrays have ``A`` entries.
 
 Groups at depth 1 read only constants and are *hoisted*: run once before
-the loop over all their rows. Deeper groups are cut into *work items* of
-``C`` rows plus one remainder rounded up to a power of two (>= 8); the
-jitted ``while_loop`` runs one item per iteration.
+the loop over all their rows. Operations whose every call is at most
+``TAIL_DEPTH`` steps from a result (a per-node readout and its loss, say)
+run *after* the loop, once per level, over all their rows (padded to a
+power of two): their nodes get depths past the loop's deepest, ordered by
+that distance (see ``_tail``).
+The remaining groups are cut into *work items* of ``C`` rows plus one
+remainder rounded up to a power of two (>= 8); the jitted ``while_loop``
+runs one item per iteration.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ __all__ = ["Batch", "BatchLayout", "BatchStats", "schedule", "next_pow2", "MIN_I
 
 MIN_ITEM = 8
 
+# How far (in operation calls) from a result an operation's calls may be for
+# it to run after the loop; 2 covers a readout, an activation and a loss.
+TAIL_DEPTH = 2
+
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
@@ -39,6 +48,8 @@ class BatchLayout(NamedTuple):
     loop_ops: tuple           # operations with work items, sorted
     hoist_ops: tuple          # operations with depth-1 groups, sorted
     const_types: tuple        # arena types that have a constant table
+    tail_ops: tuple = ()      # operations of the groups run after the loop, in order
+    tail_sizes: tuple = ()    # their padded row counts (powers of two)
 
 
 class BatchStats(NamedTuple):
@@ -94,6 +105,30 @@ class HostInfo(NamedTuple):
     v_row: np.ndarray
 
 
+def _tail(n_op: np.ndarray, producer: np.ndarray, consumer: np.ndarray, n_ops: int) -> np.ndarray:
+    """Per node, its distance to a result (0: nothing consumes it) if its operation runs after the
+    loop, else -1.
+
+    An operation qualifies when all its calls are within ``TAIL_DEPTH`` of a result and nothing
+    that stays in the loop consumes any of them; then every input of a tail node is computed
+    before it (loop nodes first, then tail nodes by decreasing distance).
+    """
+    n_nodes = len(n_op)
+    dist = np.where(np.bincount(producer, minlength=n_nodes) == 0, 0, -1)
+    for k in range(1, TAIL_DEPTH + 1):
+        # Within k of a result: every consumer is within k - 1.
+        bad = np.bincount(producer, weights=dist[consumer] < 0, minlength=n_nodes)
+        dist = np.where((dist < 0) & (bad == 0), k, dist)
+    ok = np.ones(n_ops, bool)
+    ok[n_op[dist < 0]] = False
+    while True:
+        spoiled = producer[ok[n_op[producer]] & ~ok[n_op[consumer]]]
+        if not len(spoiled):
+            break
+        ok[n_op[spoiled]] = False
+    return np.where(ok[n_op], dist, -1)
+
+
 def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: int,
              keep_host: bool = False) -> Batch:
     """Builds the batch arrays from a finished ``BatchBuilder``.
@@ -109,6 +144,17 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     n_op = np.asarray(b.n_op, np.int64)
     n_depth = np.asarray(b.n_depth, np.int64)
 
+    # Tail nodes move past the loop's deepest depth, farthest from a result first.
+    n_in = np.fromiter((len(i) for i in b.n_inputs), np.int64, n_nodes)
+    flat_in = np.fromiter((v for i in b.n_inputs for v in i), np.int64, int(n_in.sum()))
+    consumer = np.repeat(np.arange(n_nodes), n_in)
+    producer = v_node[flat_in]
+    computed = producer >= 0
+    dist = _tail(n_op, producer[computed], consumer[computed], len(model.ops))
+    tail = dist >= 0
+    loop_depth = int(n_depth[~tail].max(initial=1))
+    n_depth = np.where(tail, loop_depth + 1 + TAIL_DEPTH - dist, n_depth)
+
     # Sort nodes by (depth, op); rank[node] is its position in that order.
     order = np.lexsort((n_op, n_depth)) if n_nodes else np.zeros(0, np.int64)
     rank = np.empty(n_nodes, np.int64)
@@ -122,14 +168,14 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     g_count = np.diff(np.concatenate([g_start, [n_nodes]]))
     g_op, g_depth = s_op[g_start], s_depth[g_start]
 
-    # Cut groups into chunks: one per hoisted (depth-1) group, C rows per loop
-    # item otherwise. Rows: constants first, then each chunk's outputs, output
+    # Cut groups into chunks: one per hoisted (depth-1) or tail group, C rows
+    # per loop item otherwise. Rows: constants first, then each chunk's outputs, output
     # by output. A loop item writes C rows per output, so its padded tail may
     # only ever land on rows that are written later: allocating per chunk (not
     # per group) guarantees that even for ops with several outputs.
     c_group, c_start, c_count = [], [], []
     for g, (d, s0, n) in enumerate(zip(g_depth.tolist(), g_start.tolist(), g_count.tolist())):
-        step = n if d == 1 else chunk
+        step = n if d == 1 or d > loop_depth else chunk
         for off in range(0, n, step):
             c_group.append(g)
             c_start.append(s0 + off)
@@ -176,16 +222,20 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
             row[slot_of[(t, k)]] = base_row[j]
         return row
 
-    # Hoisted (depth-1) chunks, one per operation.
-    hoist = [c for c, g in enumerate(c_group) if g_depth[g] == 1]
-    hoist_ops = tuple(int(g_op[c_group[c]]) for c in hoist)
-    hoist_node = np.asarray([c_start[c] for c in hoist], np.int32)
-    hoist_count = np.asarray([c_count[c] for c in hoist], np.int32)
-    hoist_out = np.asarray([out_starts(hoist_ops[i], c_base[c]) for i, c in enumerate(hoist)],
-                           np.int32).reshape(len(hoist), n_slots)
+    def whole_groups(chunks: list[int]) -> tuple[tuple, dict[str, np.ndarray]]:
+        """Operations and arrays of groups that run in one go (hoisted or tail)."""
+        ops = tuple(int(g_op[c_group[c]]) for c in chunks)
+        return ops, {"node": np.asarray([c_start[c] for c in chunks], np.int32),
+                     "count": np.asarray([c_count[c] for c in chunks], np.int32),
+                     "out": np.asarray([out_starts(ops[i], c_base[c]) for i, c in enumerate(chunks)],
+                                       np.int32).reshape(len(chunks), n_slots)}
+
+    # Hoisted (depth-1) chunks, one per operation; tail chunks, one per (depth, operation).
+    hoist_ops, hoist = whole_groups([c for c, g in enumerate(c_group) if g_depth[g] == 1])
+    tail_ops, tail_arrays = whole_groups([c for c, g in enumerate(c_group) if g_depth[g] > loop_depth])
 
     # Work items: one per loop chunk, size C or the next power of two >= 8.
-    items = [c for c, g in enumerate(c_group) if g_depth[g] >= 2]
+    items = [c for c, g in enumerate(c_group) if 2 <= g_depth[g] <= loop_depth]
     loop_ops = tuple(sorted({int(g_op[c_group[c]]) for c in items}))
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
     sizes = model.item_sizes
@@ -240,9 +290,8 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     arrays = {
         "consts": consts,
         "in_idx": in_idx,
-        "hoist_node": hoist_node,
-        "hoist_count": hoist_count,
-        "hoist_out": hoist_out,
+        "hoist": hoist,
+        "tail": tail_arrays,
         "items_branch": items_branch,
         "items_node": items_node,
         "items_count": items_count,
@@ -252,7 +301,8 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
         "metrics": metrics,
     }
     layout = BatchLayout(A, num_examples, loop_ops, hoist_ops,
-                         tuple(sorted(int(k) for k in consts)))
+                         tuple(sorted(int(k) for k in consts)), tail_ops,
+                         tuple(max(MIN_ITEM, next_pow2(n)) for n in tail_arrays["count"].tolist()))
     host = HostInfo(v_type, v_row) if keep_host else None
     stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows,
                        tuple(cursor.tolist()))

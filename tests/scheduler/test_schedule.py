@@ -69,9 +69,45 @@ def test_size_class_is_a_power_of_two_above_the_rows():
 
 def test_batch_stats_count_nodes_items_depth_and_rows():
     compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum())
-    batch = compiler.build_batch([[1, 2, 3], [4]])
-    # 4 doubles (depth 1, hoisted), then a balanced sum of 3: adds at depths 2 and 3.
-    assert batch.stats == fd.BatchStats(num_nodes=6, num_items=2, max_depth=3, rows=4 + 4 + 2,
-                                        type_rows=(4 + 4 + 2,))
-    assert "nodes=6" in repr(batch)
+    batch = compiler.build_batch([list(range(16))])
+    # 16 doubles (depth 1, hoisted), then a balanced sum of 16: adds at depths 2 to 5, one item each
+    # (the adds at depths 3 to 5 are within TAIL_DEPTH of the result, but those at depth 2 are not).
+    assert batch.stats == fd.BatchStats(num_nodes=31, num_items=4, max_depth=5, rows=16 + 16 + 15,
+                                        type_rows=(16 + 16 + 15,))
+    assert batch.layout.tail_ops == ()
+    assert "nodes=31" in repr(batch)
     assert jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(batch))).stats is None
+
+
+def _sum_of_doubles():
+    return fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum()
+
+
+def test_operations_near_the_results_run_after_the_loop():
+    compiler = fd.Compiler.create(_sum_of_doubles())
+    examples = [[1.0, 2.0, 3.0], [4.0], [5.0, 6.0]]
+    batch = compiler.build_batch(examples)
+    # Every call is within TAIL_DEPTH of a result, so there is no loop. Groups run by decreasing
+    # distance: doubles of 2 and 3 (distance 2), doubles of 1 and 5, 6 and add(2, 3) (1), then
+    # doubles of 4 and both roots' adds (0).
+    assert batch.stats.num_items == 0 and batch.layout.loop_ops == () and batch.layout.hoist_ops == ()
+    kinds = ["add" if "add" in compiler.ops[o].spec.label else "double" for o in batch.layout.tail_ops]
+    assert kinds == ["double", "double", "add", "double", "add"]
+    assert batch.layout.tail_sizes == (8,) * 5
+    out = jax.jit(compiler.apply)(compiler.init(jax.random.key(0)), batch).outputs
+    np.testing.assert_allclose(out, [2 * sum(e) for e in examples])
+
+
+def test_an_operation_consumed_inside_the_loop_stays_in_it():
+    # ``triple`` is one call from the result, but the add that reads it is the same operation as
+    # the Sum's adds, which stay in the loop: so ``triple`` must run before the loop too.
+    triple = fd.Function(lambda x: 3 * x)
+    model = fd.Record((fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum(),
+                       fd.Scalar() >> triple)) >> fd.Function(jnp.add)
+    compiler = fd.Compiler.create(model)
+    examples = [(list(range(16)), 5.0), ([1.0, 2.0], 7.0)]
+    batch = compiler.build_batch(examples)
+    op = compiler.block_ops[triple]
+    assert batch.layout.loop_ops and op not in batch.layout.tail_ops and op in batch.layout.hoist_ops
+    out = compiler.apply(compiler.init(jax.random.key(0)), batch).outputs
+    np.testing.assert_allclose(out, [2 * sum(s) + 3 * x for s, x in examples])
