@@ -21,6 +21,7 @@ runs one item per iteration.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -146,7 +147,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
 
     # Tail nodes move past the loop's deepest depth, farthest from a result first.
     n_in = np.fromiter((len(i) for i in b.n_inputs), np.int64, n_nodes)
-    flat_in = np.fromiter((v for i in b.n_inputs for v in i), np.int64, int(n_in.sum()))
+    flat_in = np.fromiter(itertools.chain.from_iterable(b.n_inputs), np.int64, int(n_in.sum()))
     consumer = np.repeat(np.arange(n_nodes), n_in)
     producer = v_node[flat_in]
     computed = producer >= 0
