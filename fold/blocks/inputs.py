@@ -75,9 +75,14 @@ def _int_bounds(dtype: np.dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+@functools.cache
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
 def _scalar(x: int | float, ttype: TensorType) -> np.generic:
     """The common case of ``to_array``, a Python number to a scalar, without building arrays."""
-    target = np.dtype(ttype.dtype)
+    target = _np_dtype(ttype.dtype)
     kind = target.kind
     if kind == "f":
         return target.type(x)

@@ -74,7 +74,7 @@ class Type(abc.ABC):
 class TensorType(Type):
     """A tensor of a fixed ``shape`` (without batch dimension) and ``dtype``."""
 
-    __slots__ = ("_shape", "_dtype")
+    __slots__ = ("_shape", "_dtype", "_hash")
 
     def __init__(self, shape: Any = (), dtype: Any = "float32"):
         if isinstance(shape, (int, np.integer)):
@@ -88,6 +88,11 @@ class TensorType(Type):
                 raise TypeError(f"TensorType shape must hold non-negative ints, got {shape!r}")
         self._shape = tuple(int(d) for d in dims)
         self._dtype = canonical_dtype(dtype)
+        # The host walk looks tensor types up in dicts for every constant.
+        self._hash = hash((type(self).__name__, self._key()))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -84,8 +84,7 @@ class BatchBuilder:
             values = [self.const_value(v) for v in inputs]
             if all(v is not None for v in values):
                 op.check_inputs(*values)
-        v_depth = self.v_depth
-        depth = 1 + max([v_depth[v] for v in inputs], default=0)
+        depth = 1 + max(map(self.v_depth.__getitem__, inputs), default=0)
         if depth > self.max_depth:
             self.max_depth = depth
         node = len(self.n_op)
