@@ -19,7 +19,9 @@ block's element of the error path (``"Record['left']"``, or
 ``("Map[{}]", 3)``, formatted only if an error needs it) or ``None`` for
 transparent plumbing such as ``Pipe``. A generator may run a *leaf* child
 itself with ``run_leaf`` instead of yielding it: that skips a round trip
-through the driver, and a failure still names the child.
+through the driver, and a failure still names the child. A ``Pipe`` whose
+blocks are all leaves is itself a leaf (it runs them in turn), so chains
+such as ``GetItem(0) >> Scalar() >> Function(f)`` cost no generator at all.
 
 Host values: a tensor is an ``int`` id issued by the batch builder, a tuple
 is a tuple, a sequence is a list, a broadcast sequence is a ``Repeat``, a
@@ -48,9 +50,12 @@ class LeafError(Exception):
 
 
 def run_leaf(block: Block, x: Any, ctx: Any, label: Any = None) -> Any:
-    """Runs leaf ``block`` on ``x`` from inside a parent's ``_host`` generator."""
+    """Runs leaf ``block`` on ``x`` from inside a parent's ``_host`` generator (or a leaf ``Pipe``)."""
     try:
         return block._host_leaf(x, ctx)
+    except LeafError as e:
+        # A leaf Pipe failed inside: name the child that failed. Pipes add no label of their own.
+        raise LeafError(e.block, label, e.error) from None
     except Exception as e:
         raise LeafError(block, label, e) from None
 

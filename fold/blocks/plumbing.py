@@ -40,10 +40,18 @@ class Pipe(Block):
             raise ValueError("Pipe needs at least one block")
         super().__init__(name)
         self._blocks = [self._adopt(b) for b in blocks]
+        # A pipe of leaves is a leaf: the walk calls it instead of driving a generator
+        # (``a >> b >> c`` nests pipes, so whole chains of leaves fold into one).
+        self._leaf = all(b._leaf for b in self._blocks)
         self._infer()
 
     def children(self) -> list[Block]:
         return list(self._blocks)
+
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        for b in self._blocks:
+            x = run_leaf(b, x, ctx)
+        return x
 
     def _infer(self) -> None:
         blocks = getattr(self, "_blocks", None)

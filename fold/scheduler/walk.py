@@ -73,6 +73,8 @@ def walk(root: Block, x: Any, ctx: Any) -> Any:
             if block._leaf:
                 try:
                     value = block._host_leaf(arg, ctx)
+                except LeafError as e:  # inside a leaf Pipe
+                    _reraise(e.error, stack, e.block, ctx.example_index)
                 except Exception as e:
                     _reraise(e, stack, block, ctx.example_index)
             else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -133,3 +134,17 @@ def test_types_flow_backwards_through_pipes_and_tuples():
     assert fold.output_type == fd.TensorType(())
     fold.set_input_type(fd.SequenceType(fd.TensorType(())))
     assert fold.combine_block.input_type == fd.TupleType(fd.TensorType(()), fd.TensorType(()))
+
+
+def test_a_pipe_of_leaves_is_a_leaf_and_errors_name_the_failing_child():
+    chain = fd.InputTransform(lambda x: x["a"]) >> fd.Scalar() >> fd.Function(lambda x: 2 * x)
+    assert chain._leaf  # nested pipes of leaves fold into one leaf: no generator per call
+    assert not (fd.Map(fd.Scalar()) >> fd.Sum())._leaf
+    compiler = fd.Compiler.create(chain)
+    batch = compiler.build_batch([{"a": 1.0}, {"a": 3}])
+    np.testing.assert_allclose(compiler.apply(compiler.init(jax.random.key(0)), batch).outputs, [2.0, 6.0])
+    # The walk runs the root pipe as a leaf; the error still names the child, not the pipe.
+    with pytest.raises(KeyError, match=r"example 1: at InputTransform"):
+        compiler.build_batch([{"a": 1.0}, {"b": 2.0}])
+    with pytest.raises(ValueError, match=r"example 0: at Scalar: expected a number"):
+        compiler.build_batch([{"a": "x"}])
