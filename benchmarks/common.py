@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -27,6 +28,14 @@ def machine() -> dict[str, Any]:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+
+
+def add_run_flags(p: argparse.ArgumentParser, name: str, quick: str, data_dir: bool = True) -> None:
+    """The flags every benchmark shares: ``--data-dir`` (SST), ``--quick`` and ``--json``."""
+    if data_dir:
+        p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
+    p.add_argument("--quick", action="store_true", help=f"{quick} (what the tests run)")
+    p.add_argument("--json", default=None, help=f"results path (default benchmarks/results/{name}[_quick].json)")
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:

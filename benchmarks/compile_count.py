@@ -21,7 +21,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import figure, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -32,9 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=1, help="processes building batches ahead")
-    p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
-    p.add_argument("--quick", action="store_true", help="a few hundred trees, small model (what the tests run)")
-    p.add_argument("--json", default=None, help="results path (default benchmarks/results/compile_count[_quick].json)")
+    add_run_flags(p, "compile_count", "a few hundred trees, small model")
     return p.parse_args(argv)
 
 

@@ -30,7 +30,7 @@ import optax
 
 import fold as fd
 from benchmarks import models, table1
-from benchmarks.common import figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -42,9 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-batch", type=int, default=256, help="batch of random trees (Table 1 model)")
     p.add_argument("--hidden", type=int, default=150, help="SST state size (the Table 1 model uses 256)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
-    p.add_argument("--quick", action="store_true", help="tiny batches and models (what the tests run)")
-    p.add_argument("--json", default=None, help="results path (default benchmarks/results/executor[_quick].json)")
+    add_run_flags(p, "executor", "tiny batches and models")
     args = p.parse_args(argv)
     if args.quick:
         args.chunk_sizes, args.sst_batch, args.tree_batch, args.hidden, args.repeats = [8, 64], 8, 4, 8, 1

@@ -32,7 +32,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import figure, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -45,9 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=4, help="random batches to measure")
     p.add_argument("--hidden", type=int, default=150)
     p.add_argument("--embed-size", type=int, default=100)
-    p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
-    p.add_argument("--quick", action="store_true", help="the committed sample, tiny model (what the tests run)")
-    p.add_argument("--json", default=None, help="results path (default benchmarks/results/memory[_quick].json)")
+    add_run_flags(p, "memory", "the committed sample, tiny model")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_size, args.batches, args.hidden, args.embed_size = 32, 2, 16, 16

@@ -24,7 +24,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -74,9 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=20, help="batches per workload")
     p.add_argument("--leaves", type=int, default=128, help="leaves of the random trees")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
-    p.add_argument("--quick", action="store_true", help="a few small batches (what the tests run)")
-    p.add_argument("--json", default=None, help="results path (default benchmarks/results/schedule_build[_quick].json)")
+    add_run_flags(p, "schedule_build", "a few small batches")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_size, args.batches, args.leaves, args.repeats = 16, 2, 16, 1

@@ -35,7 +35,7 @@ import optax
 
 import fold as fd
 from benchmarks import models, sst_peers
-from benchmarks.common import figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -54,9 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="worker processes for the background run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-peers", action="store_true", help="measure fold only")
-    p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
-    p.add_argument("--quick", action="store_true", help="the committed sample, tiny model (what the tests run)")
-    p.add_argument("--json", default=None, help="results path (default benchmarks/results/sst_throughput[_quick].json)")
+    add_run_flags(p, "sst_throughput", "the committed sample, tiny model")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_sizes, args.hidden, args.embed_size = [16], [16], 16
@@ -64,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.batch_sizes + args.hidden) <= 0 or args.trees <= 0 or args.workers < 1 or args.repeats <= 0:
         p.error("batch sizes, hidden sizes, --trees, --workers and --repeats must be positive")
     return args
+
+
+def full_batches(trees: list, batch_size: int) -> list[list]:
+    """``trees`` cut into batches of ``batch_size``, dropping the remainder (one layout)."""
+    return [trees[i:i + batch_size] for i in range(0, len(trees) - batch_size + 1, batch_size)]
 
 
 def rate(seconds: float, trees: int) -> float:
@@ -79,7 +82,7 @@ def measure_fold(trees: list, word_idx: dict, batch_size: int, hidden: int,
     opt_state = optimizer.init(params)
     step = make_train_step(compiler, optimizer)
     key = jax.random.key(0)
-    chunks = [trees[i:i + batch_size] for i in range(0, len(trees) - batch_size + 1, batch_size)]
+    chunks = full_batches(trees, batch_size)
     n = len(chunks) * batch_size
 
     def run(batches: Any) -> None:
@@ -109,7 +112,7 @@ def measure_fold(trees: list, word_idx: dict, batch_size: int, hidden: int,
 
 def measure_peer(make: Callable[[], Any], trees: list, batch_size: int, repeats: int) -> dict[str, float]:
     """Trees/s of a peer's ``train_step`` over ``trees`` in batches (one warm-up batch first)."""
-    chunks = [trees[i:i + batch_size] for i in range(0, len(trees) - batch_size + 1, batch_size)] or [trees]
+    chunks = full_batches(trees, batch_size) or [trees]
     model = make()
     model.train_step(chunks[0])
 

@@ -40,7 +40,7 @@ import numpy as np
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
 from examples.common import print_table
 
 PAPER_COST_RATIO_CPU = {1024: 1.27, 1: 0.49}
@@ -57,8 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunk-size", type=int, default=128, help="fold's C, rows per loop iteration")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny trees and batches (what the tests run)")
-    p.add_argument("--json", default=None, help="results path (default benchmarks/results/table1_MODE[_quick].json)")
+    add_run_flags(p, "table1_MODE", "tiny trees and batches", data_dir=False)
     args = p.parse_args(argv)
     if args.quick:
         args.batch_sizes, args.leaves, args.hidden, args.repeats = [8, 1], 8, 16, 2

@@ -207,12 +207,8 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     # Input rows per node, in sorted order.
     max_in = max((len(op.in_tidx) for op in model.ops), default=1) or 1
     in_idx = np.zeros((S, max_in), np.int32)
-    for o in np.unique(n_op).tolist():
-        nodes = np.flatnonzero(n_op == o)
-        k = len(model.ops[o].in_tidx)
-        if k:
-            ins = np.asarray([b.n_inputs[n] for n in nodes.tolist()], np.int64).reshape(len(nodes), k)
-            in_idx[rank[nodes], :k] = v_row[ins]
+    column = np.arange(len(flat_in)) - np.repeat(np.cumsum(n_in) - n_in, n_in)
+    in_idx[rank[consumer], column] = v_row[flat_in]
 
     slot_of = model.slot_index  # (type, k) -> column of the out-start table
     n_slots = max(len(slot_of), 1)
