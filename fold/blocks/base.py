@@ -23,6 +23,12 @@ through the driver, and a failure still names the child. A ``Pipe`` whose
 blocks are all leaves is itself a leaf (it runs them in turn), so chains
 such as ``GetItem(0) >> Scalar() >> Function(f)`` cost no generator at all.
 
+The compiler also turns the tree into a *host plan* of generated Python
+(``fold/scheduler/plan.py``): ``_emit`` writes a block's host work as
+statements. A block that does not override it runs its ``_host_leaf`` or
+``_host`` from the plan, so ``_host``/``_host_leaf`` stay the reference
+semantics and ``_emit`` is only a faster way to do exactly the same.
+
 Host values: a tensor is an ``int`` id issued by the batch builder, a tuple
 is a tuple, a sequence is a list, a broadcast sequence is a ``Repeat``, a
 PyObject is itself and void is ``None``.
@@ -246,6 +252,16 @@ class Block:
         """Composite blocks yield ``(child, input, label)`` and return their output."""
         raise TypeError(f"{self!r} defines no host walk")
         yield  # pragma: no cover
+
+    def _emit(self, em: Any, x: str) -> str:
+        """Emits this block's host work on variable ``x`` into a host plan; returns the result's variable.
+
+        ``em`` is a ``fold.scheduler.plan.Emitter``. The default runs
+        ``_host_leaf`` (leaves) or the generic walk (composites); blocks on
+        hot paths emit straight-line code doing the same work in the same
+        order as their ``_host``.
+        """
+        return em.leaf(self, x) if self._leaf else em.walk(self, x)
 
     # -------------------------------------------------------------- notebook
     def eval(self, example: Any, params: Any = None) -> Any:

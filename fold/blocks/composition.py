@@ -207,3 +207,17 @@ class Composition(Block):
             else:
                 vals[b] = run_leaf(b, inp, ctx) if b._leaf else (yield b, inp, None)
         return vals[self.output]
+
+    def _emit(self, em: Any, x: str) -> str:
+        if self._order is None:
+            self._validate()
+        vals: dict = {self.input: x}
+        for b, srcs in self._order:  # type: ignore[union-attr]
+            if not srcs:
+                inp = "None"
+            elif len(srcs) == 1:
+                inp = vals[srcs[0]]
+            else:
+                inp = em.tuple([vals[s] for s in srcs])
+            vals[b] = inp if b is self.output else em.emit(b, inp)
+        return vals[self.output]

@@ -90,6 +90,19 @@ class OneOf(Block):
             x = yield self.pre_block, x, "OneOf[pre]"
         return run_leaf(case, x, ctx, "OneOf") if case._leaf else (yield case, x, "OneOf")
 
+    def _emit(self, em: Any, x: str) -> str:
+        if self.key_block is not None:
+            key = em.emit(self.key_block, x)
+        else:
+            key = em.assign(f"{em.bind(self.key_fn, 'key')}({x})")
+        case = em.assign(f"{em.bind(self._case, 'case')}({key})")
+        if self.pre_block is not None:
+            x = em.emit(self.pre_block, x)
+        out = em.var()
+        em.branches([(f"{case} is {em.bind(c, 'b')}", lambda c=c: em.line(f"{out} = {em.emit(c, x)}"))
+                     for c in self._case_list])
+        return out
+
 
 class ForwardDeclaration(Block):
     """Declares a block before it is defined, for recursive models.
@@ -169,6 +182,9 @@ class _Reference(Block):
             raise ValueError(f"{self.decl!r} was never resolved: call resolve_to(block)")
         return (yield target, x, None)
 
+    def _emit(self, em: Any, x: str) -> str:
+        return em.recurse(self.decl, x)
+
 
 class Metric(Block):
     """Records its tensor input under ``metric_name``; outputs void.
@@ -194,4 +210,8 @@ class Metric(Block):
     def _host_leaf(self, x: Any, ctx: Any) -> None:
         ctx.metric(self.metric_name, x)
         return None
+
+    def _emit(self, em: Any, x: str) -> str:
+        em.line(f"ctx.metric({em.literal(self.metric_name)}, {x})")
+        return "None"
 

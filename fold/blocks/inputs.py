@@ -123,6 +123,9 @@ class Tensor(Block):
     def _host_leaf(self, x: Any, ctx: Any) -> int:
         return ctx.const(self._ttype, to_array(x, self._ttype))
 
+    def _emit(self, em: Any, x: str) -> str:
+        return em.const(self._ttype, f"{em.bind(to_array, 'to_array')}({x}, {em.bind(self._ttype, 'type')})")
+
 
 def Scalar(dtype: Any = "float32", name: str | None = None) -> Tensor:
     """Converts its input to a scalar tensor."""
@@ -339,4 +342,10 @@ class Optional(Block):
             return (yield self.none_case, None, "Optional[None]")
         some = self.some_case
         return run_leaf(some, x, ctx) if some._leaf else (yield some, x, None)
+
+    def _emit(self, em: Any, x: str) -> str:
+        out = em.var()
+        em.branches([(f"{x} is None", lambda: em.line(f"{out} = {em.emit(self.none_case, 'None')}")),
+                     (None, lambda: em.line(f"{out} = {em.emit(self.some_case, x)}"))])
+        return out
 

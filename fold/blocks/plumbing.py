@@ -67,6 +67,11 @@ class Pipe(Block):
             x = run_leaf(b, x, ctx) if b._leaf else (yield b, x, None)
         return x
 
+    def _emit(self, em: Any, x: str) -> str:
+        for b in self._blocks:
+            x = em.emit(b, x)
+        return x
+
 
 def _is_key(k: Any) -> bool:
     return isinstance(k, (int, str, slice)) and not isinstance(k, bool)
@@ -158,6 +163,9 @@ class Record(Block):
             out.append(run_leaf(b, v, ctx, label) if b._leaf else (yield b, v, label))
         return tuple(out)
 
+    def _emit(self, em: Any, x: str) -> str:
+        return em.tuple([em.emit(b, em.assign(f"{x}[{em.literal(k)}]")) for k, b in self._fields])
+
 
 def _set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> None:
     """Sets ``child``'s ``side`` type to ``t``, explaining a conflict with both blocks."""
@@ -208,6 +216,11 @@ class AllOf(Block):
             out.append(run_leaf(b, x, ctx, ("AllOf[{}]", i)) if b._leaf else (yield b, x, ("AllOf[{}]", i)))
         return tuple(out)
 
+    def _emit(self, em: Any, x: str) -> str:
+        if not self._blocks:
+            return em.assign("None")
+        return em.tuple([em.emit(b, x) for b in self._blocks])
+
 
 def _item_type(owner: Block, t: Type, key: Any) -> Type | None:
     if isinstance(t, PyObjectType):
@@ -254,6 +267,9 @@ class GetItem(Block):
             raise KeyError(f"{self!r} found no key {self.key!r} in {_short(x)}") from None
         except TypeError as e:
             raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}") from None
+
+    def _emit(self, em: Any, x: str) -> str:
+        return em.assign(f"{x}[{em.literal(self.key)}]")
 
 
 def unify_type(block: Block, out: Type) -> None:

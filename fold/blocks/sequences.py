@@ -105,6 +105,11 @@ class Map(Block):
             out.append((yield elem, v, ("Map[{}]", i)))
         return out
 
+    def _emit(self, em: Any, x: str) -> str:
+        out = em.var("seq")
+        em.over_list(self, x, out, lambda: "[]", lambda e: f"{out}.append({em.emit(self.element_block, e)})")
+        return out
+
 
 def _void_input(owner: Block, child: Block) -> None:
     _set_child(owner, VoidType(), child, "input", "a void input")
@@ -145,6 +150,12 @@ class Fold(Block):
         acc = yield self.start_block, None, "Fold[start]"
         for i, v in enumerate(xs):
             acc = yield self.combine_block, (acc, v), f"Fold[{i}]"
+        return acc
+
+    def _emit(self, em: Any, x: str) -> str:
+        acc = em.var("acc")
+        em.over_list(self, x, acc, lambda: em.emit(self.start_block, "None"),
+                     lambda e: f"{acc} = {em.emit(self.combine_block, f'({acc}, {e})')}")
         return acc
 
 

@@ -172,6 +172,9 @@ class Function(Block):
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
         return ctx.call(self, x)
 
+    def _emit(self, em: Any, x: str) -> str:
+        return em.call(self, x)
+
 
 class Concat(Block):
     """Concatenates a tuple of tensors along ``concat_dim`` (not counting the batch).
@@ -229,4 +232,7 @@ class Concat(Block):
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
         return ctx.call(self, x)
+
+    def _emit(self, em: Any, x: str) -> str:
+        return em.call(self, x)
 

@@ -38,8 +38,8 @@ from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import build_ahead
 from fold.scheduler.builder import BatchBuilder
+from fold.scheduler.plan import HostPlan
 from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
-from fold.scheduler.walk import walk
 
 __all__ = ["Compiler"]
 
@@ -54,6 +54,7 @@ class CompiledOp:
         self.out_tidx = [type_index[t] for t in spec.out_types]
         self.out_slots = _slots(self.out_tidx)
         self.in_slots = _slots(self.in_tidx)
+        self.in_paths = _leaf_paths(spec.in_type)
         self.flatten_inputs = _flattener(spec.in_type)
         self.outputs_from = _unflattener(spec.out_type)
         layer = spec.layer
@@ -252,6 +253,7 @@ class Compiler:
         self.metric_types = dict(sorted(self.metric_types.items()))
 
         self._root_leaves = out.tensor_leaves() if _root_ok(out) else []
+        self._plan = HostPlan(self)
         self._stats = StatsRecorder()
         self.executor = Executor(self)
         self._arenas_jit = jax.jit(self.executor.arenas)
@@ -288,7 +290,7 @@ class Compiler:
         outputs = []
         for i, x in enumerate(examples):
             builder.example_index = i
-            outputs.append(walk(self.root, x, builder))
+            outputs.append(builder.run(x))
         builder.example_index = None
         n_leaves = len(self._root_leaves)
         roots: list[list[int]] = [[] for _ in range(n_leaves)]
@@ -399,7 +401,7 @@ class Compiler:
         """Depth of one example's schedule (no device work)."""
         builder = BatchBuilder(self)
         builder.example_index = None
-        walk(self.root, example, builder)
+        builder.run(example)
         return builder.max_depth
 
     def eval_one(self, example: Any, params: Any = None) -> Any:
@@ -408,7 +410,7 @@ class Compiler:
             params = self.init(jax.random.key(0))
         builder = BatchBuilder(self)
         builder.example_index = None
-        value = walk(self.root, example, builder)
+        value = builder.run(example)
         batch = schedule(builder, [], 1, self.chunk, keep_host=True)
         host = batch.host
         arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}

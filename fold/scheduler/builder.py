@@ -4,6 +4,10 @@
 issues an integer id for every tensor value: a constant (depth 0) or an
 output of an operation call (a *node*, depth 1 + the deepest input).
 ``fold.scheduler.schedule`` then turns these lists into index arrays.
+
+``run`` records one example with the model's host plan
+(``fold/scheduler/plan.py``) and falls back to the generic ``walk`` for
+examples the plan cannot take (errors, very deep recursion).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fold.blocks.types import TensorType
+from fold.scheduler.walk import walk
 
 __all__ = ["BatchBuilder"]
 
@@ -39,21 +44,46 @@ class BatchBuilder:
         self._shared: dict[Any, int] = {}
         # Per-batch memo for blocks whose host value is the same every call (Zeros).
         self.block_cache: dict[Any, Any] = {}
+        self._plan_run, self._recorders, self._const_makers = model._plan.bind(self)
 
-    def _new_value(self, t: int, depth: int, node: int, pos: int) -> int:
-        vid = len(self.v_type)
-        self.v_type.append(t)
-        self.v_depth.append(depth)
-        self.v_node.append(node)
-        self.v_pos.append(pos)
-        return vid
+    def run(self, x: Any) -> Any:
+        """Records example ``x`` (index ``self.example_index``) and returns its host value.
+
+        The plan is tried first; if it raises, everything it recorded for
+        ``x`` is undone and ``walk`` runs ``x`` again, raising the error
+        with the example index and block path (or succeeding where the plan
+        only ran out of recursion depth).
+        """
+        mark = self._mark()
+        try:
+            return self._plan_run(x, 0)
+        except Exception:
+            self._rollback(mark)
+        return walk(self.model.root, x, self)
+
+    def _mark(self) -> tuple:
+        return (len(self.v_type), len(self.n_op), [len(c) for c in self.consts],
+                {k: len(v) for k, v in self.metrics.items()}, self.max_depth,
+                len(self._shared), len(self.block_cache))
+
+    def _rollback(self, mark: tuple) -> None:
+        n_values, n_nodes, n_consts, n_metrics, self.max_depth, n_shared, n_cached = mark
+        for values in (self.v_type, self.v_depth, self.v_node, self.v_pos):
+            del values[n_values:]
+        for nodes in (self.n_op, self.n_depth, self.n_inputs):
+            del nodes[n_nodes:]
+        for table, n in zip(self.consts, n_consts):
+            del table[n:]
+        for name, n in n_metrics.items():
+            del self.metrics[name][n:]
+        # Dicts keep insertion order: the entries made for this example come last.
+        for memo, n in ((self._shared, n_shared), (self.block_cache, n_cached)):
+            for key in list(memo)[n:]:
+                del memo[key]
 
     def const(self, ttype: TensorType, value: np.ndarray | None) -> int:
         """A depth-0 constant (``None`` means zeros)."""
-        t = self.model.type_index[ttype]
-        table = self.consts[t]
-        table.append(value)
-        return self._new_value(t, 0, -1, len(table) - 1)
+        return self._const_makers[self.model.type_index[ttype]](value)
 
     def const_shared(self, key: Any, ttype: TensorType, value: np.ndarray | None) -> int:
         """A constant stored once per batch, whichever example asks for it."""
@@ -78,26 +108,7 @@ class BatchBuilder:
     def call(self, block: Any, x: Any) -> Any:
         """Records one call of ``block``'s operation on host value ``x``."""
         o = self.model.block_ops[block]
-        op = self.model.ops[o]
-        inputs = op.flatten_inputs(x)
-        if op.check_inputs is not None:
-            values = [self.const_value(v) for v in inputs]
-            if all(v is not None for v in values):
-                op.check_inputs(*values)
-        depth = 1 + max(map(self.v_depth.__getitem__, inputs), default=0)
-        if depth > self.max_depth:
-            self.max_depth = depth
-        node = len(self.n_op)
-        self.n_op.append(o)
-        self.n_depth.append(depth)
-        self.n_inputs.append(inputs)
-        first = len(self.v_type)
-        n_out = len(op.out_tidx)
-        self.v_type.extend(op.out_tidx)
-        self.v_depth.extend([depth] * n_out)
-        self.v_node.extend([node] * n_out)
-        self.v_pos.extend(range(n_out))
-        return op.outputs_from(first)
+        return self._recorders[o](*self.model.ops[o].flatten_inputs(x))
 
     def metric(self, name: str, vid: int) -> None:
         depth = self.v_depth[vid] + 1

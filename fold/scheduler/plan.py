@@ -1,0 +1,250 @@
+"""The host plan: a block tree compiled once into straight-line Python.
+
+``walk`` interprets blocks per node: every block run costs a generator
+step or a ``run_leaf`` round trip, and that plumbing was most of the host
+time. At ``Compiler.create`` the plan instead asks every block to *emit*
+the Python that does its host work (``Block._emit``): a ``Pipe`` becomes
+consecutive statements, a ``Record`` a tuple of item reads, a ``OneOf`` an
+``if`` chain, an operation call one call of a recorder generated for that
+operation, and a ``ForwardDeclaration`` one generated function per
+declaration, so a tree costs one Python call per recursion level. Blocks
+that emit nothing special run their ``_host_leaf`` (leaves) or ``walk``
+(composites) from the generated code, so every block works in a plan.
+
+The generated code runs the blocks in exactly the walk's order, so a
+batch gets the same ids, nodes and metric order either way. It does not
+format errors and it recurses in Python: ``BatchBuilder.run`` rolls an
+example back and re-walks it when the plan raises (``walk`` then raises
+the error with the example index and block path) or when the recursion
+gets deeper than ``MAX_PLAN_DEPTH`` (``walk`` keeps its own stack). User
+functions of a failing example (``InputTransform``, ``OneOf`` keys) may
+therefore run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fold.scheduler.walk import walk
+
+__all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH"]
+
+# Recursion levels (ForwardDeclaration calls) one plan call may nest; each is
+# one Python frame, so this stays well inside Python's default limit of 1000.
+MAX_PLAN_DEPTH = 200
+
+
+class TooDeep(Exception):
+    """The example recurses deeper than the plan's limit: walk it instead."""
+
+
+class Emitter:
+    """Collects generated source; blocks call it from ``Block._emit``.
+
+    Generated statements read the host value from a variable name and
+    assign their result to a fresh one, which ``emit`` returns. Everything
+    that is not a literal (blocks, keys, functions) is bound by name in the
+    generated module's namespace.
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.namespace: dict[str, Any] = {"_walk": walk, "_TooDeep": TooDeep}
+        self._bound: dict[int, str] = {}
+        self._ids = itertools.count()
+        self._lines: list[str] = []
+        self._indent = 1
+        self._functions: list[list[str]] = []
+        self._decl_functions: dict[Any, str] = {}
+
+    # ------------------------------------------------------------ building
+    def var(self, prefix: str = "v") -> str:
+        """A fresh local variable name."""
+        return f"{prefix}{next(self._ids)}"
+
+    def bind(self, obj: Any, prefix: str = "k") -> str:
+        """A namespace name for ``obj`` (one per object)."""
+        name = self._bound.get(id(obj))
+        if name is None:
+            name = self._bound[id(obj)] = f"_{prefix}{next(self._ids)}"
+            self.namespace[name] = obj
+        return name
+
+    def line(self, text: str) -> None:
+        self._lines.append("    " * self._indent + text)
+
+    @contextlib.contextmanager
+    def nested(self) -> Iterator[None]:
+        """Indents the lines emitted inside (the body of an ``if`` or ``for``)."""
+        self._indent += 1
+        try:
+            yield
+        finally:
+            self._indent -= 1
+
+    def literal(self, obj: Any) -> str:
+        """``obj`` as an expression: ints and strings inline, anything else bound by name."""
+        return repr(obj) if type(obj) in (int, str) else self.bind(obj)
+
+    def tuple(self, items: list[str]) -> str:
+        """Emits a tuple of the given variables; returns its variable."""
+        return self.assign("(" + "".join(f"{v}, " for v in items) + ")")
+
+    def over_list(self, block: Any, x: str, out: str, start: Callable[[], str],
+                  step: Callable[[str], str]) -> None:
+        """A loop over the elements ``e`` of list ``x``: ``out = start()``, then the
+        statement ``step(e)`` per element. Any other ``x`` (a broadcast, a tuple, a
+        malformed input) goes to the generic walk of ``block``, which sets ``out``."""
+        def loop() -> None:
+            self.line(f"{out} = {start()}")
+            e = self.var("e")
+            self.line(f"for {e} in {x}:")
+            with self.nested():
+                self.line(step(e))
+
+        self.branches([(f"type({x}) is not list", lambda: self.line(f"{out} = {self.walk_call(block, x)}")),
+                       (None, loop)])
+
+    def branches(self, arms: list[tuple[str | None, Callable[[], None]]]) -> None:
+        """``if``/``elif`` arms (``else`` where the condition is None); each arm emits its body."""
+        for i, (condition, body) in enumerate(arms):
+            self.line("else:" if condition is None else f"{'elif' if i else 'if'} {condition}:")
+            with self.nested():
+                body()
+
+    def assign(self, expr: str) -> str:
+        """Emits ``v = expr`` and returns ``v``."""
+        v = self.var()
+        self.line(f"{v} = {expr}")
+        return v
+
+    # -------------------------------------------------------------- blocks
+    def emit(self, block: Any, x: str) -> str:
+        """Emits ``block`` run on the value in variable ``x``; returns its result's variable."""
+        return block._emit(self, x)
+
+    def leaf(self, block: Any, x: str) -> str:
+        """A leaf run through its ``_host_leaf``."""
+        return self.assign(f"{self.bind(block._host_leaf, 'h')}({x}, ctx)")
+
+    def walk(self, block: Any, x: str) -> str:
+        """A composite block the plan does not know, run by the generic walk."""
+        return self.assign(self.walk_call(block, x))
+
+    def walk_call(self, block: Any, x: str) -> str:
+        return f"_walk({self.bind(block, 'b')}, {x}, ctx)"
+
+    def call(self, block: Any, x: str) -> str:
+        """One call of ``block``'s operation on host value ``x``."""
+        o = self.model.block_ops[block]
+        paths = self.model.ops[o].in_paths
+        return self.assign(f"rec{o}({', '.join(x + p for p in paths)})")
+
+    def const(self, ttype: Any, value: str) -> str:
+        """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes."""
+        return self.assign(f"const{self.model.type_index[ttype]}({value})")
+
+    def recurse(self, decl: Any, x: str) -> str:
+        """A call of ``decl``'s target, generated once as its own function."""
+        fn = self._decl_functions.get(decl)
+        if fn is None:
+            fn = self._decl_functions[decl] = self.var("decl")
+            self._function(fn, decl.target, check_depth=True)
+        return self.assign(f"{fn}({x}, depth + 1)")
+
+    def _function(self, name: str, block: Any, check_depth: bool) -> None:
+        saved = self._lines, self._indent
+        self._lines, self._indent = [], 1
+        self.line(f"def {name}(x, depth):")
+        with self.nested():
+            if check_depth:
+                self.line(f"if depth > {MAX_PLAN_DEPTH}:")
+                with self.nested():
+                    self.line("raise _TooDeep")
+            self.line(f"return {self.emit(block, 'x')}")
+        self._functions.append(self._lines)
+        self._lines, self._indent = saved
+
+    # ------------------------------------------------------------- source
+    def _recorder(self, o: int) -> list[str]:
+        """``rec{o}(*input ids)``: records one call of operation ``o`` (see ``BatchBuilder``)."""
+        op = self.model.ops[o]
+        args = [f"i{j}" for j in range(len(op.in_paths))]
+        n_out = len(op.out_tidx)
+        lines = [f"def rec{o}({', '.join(args)}):"]
+        if not args:
+            body = ["d = 1"]
+        elif len(args) == 1:
+            body = [f"d = v_depth[{args[0]}] + 1"]
+        else:
+            body = [f"d = max({', '.join(f'v_depth[{a}]' for a in args)}) + 1"]
+        if op.check_inputs is not None:
+            check = self.bind(op.check_inputs, "check")
+            body += [f"if {' and '.join(f'v_node[{a}] < 0' for a in args)}:",
+                     f"    {check}({', '.join(f'ctx.const_value({a})' for a in args)})"]
+        body += ["if d > ctx.max_depth:",
+                 "    ctx.max_depth = d",
+                 "node = len(n_op)",
+                 f"n_op.append({o})",
+                 "n_depth.append(d)",
+                 f"n_inputs.append([{', '.join(args)}])",
+                 "first = len(v_type)"]
+        if n_out == 1:
+            body += [f"v_type.append({op.out_tidx[0]})", "v_depth.append(d)", "v_node.append(node)",
+                     "v_pos.append(0)"]
+        else:
+            body += [f"v_type.extend({self.bind(tuple(op.out_tidx), 'types')})",
+                     f"v_depth.extend([d] * {n_out})", f"v_node.extend([node] * {n_out})",
+                     f"v_pos.extend(range({n_out}))"]
+        body.append(f"return {self.bind(op.outputs_from, 'out')}(first)")
+        return lines + ["    " + b for b in body]
+
+    @staticmethod
+    def _const_maker(t: int) -> list[str]:
+        """``const{t}(value)``: a new constant of arena type ``t`` (see ``BatchBuilder.const``)."""
+        return [f"def const{t}(value):",
+                f"    table = consts[{t}]",
+                "    table.append(value)",
+                "    vid = len(v_type)",
+                f"    v_type.append({t})",
+                "    v_depth.append(0)",
+                "    v_node.append(-1)",
+                "    v_pos.append(len(table) - 1)",
+                "    return vid"]
+
+    def source(self, root: Any) -> str:
+        """The module: ``_make(ctx)`` returns ``(run, recorders, constant makers)`` bound to one builder."""
+        self._function("run", root, check_depth=False)
+        out = ["def _make(ctx):"]
+        for field in ("v_type", "v_depth", "v_node", "v_pos", "n_op", "n_depth", "n_inputs", "consts"):
+            out.append(f"    {field} = ctx.{field}")
+        # Every operation and type gets one: the walk records through them too.
+        for o in range(len(self.model.ops)):
+            out += ["    " + s for s in self._recorder(o)]
+        for t in range(len(self.model.types)):
+            out += ["    " + s for s in self._const_maker(t)]
+        for fn in self._functions:
+            out += fn
+        recorders = ", ".join(f"rec{o}" for o in range(len(self.model.ops)))
+        makers = ", ".join(f"const{t}" for t in range(len(self.model.types)))
+        out.append(f"    return run, [{recorders}], [{makers}]")
+        return "\n".join(out) + "\n"
+
+
+class HostPlan:
+    """A model's compiled host walk; ``bind(builder)`` gives its entry points for one batch."""
+
+    def __init__(self, model: Any):
+        em = Emitter(model)
+        self.source = em.source(model.root)
+        namespace = em.namespace
+        exec(compile(self.source, "<fold host plan>", "exec"), namespace)  # noqa: S102 (generated)
+        self._make = namespace["_make"]
+
+    def bind(self, builder: Any) -> tuple[Any, list, list]:
+        """``(run, recorders, makers)`` writing to ``builder``: ``run(x, 0)`` records one example,
+        ``recorders[o](*ids)`` one call of operation ``o``, ``makers[t](value)`` one constant of type ``t``."""
+        return self._make(builder)

@@ -1,0 +1,130 @@
+"""The host plan records exactly what the generic walk records, and falls back to it correctly."""
+
+from __future__ import annotations
+
+import pathlib
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+from examples import sst, tree_lstm_sst
+from fold.scheduler.builder import BatchBuilder
+from fold.scheduler.plan import MAX_PLAN_DEPTH
+from fold.scheduler.walk import walk
+from tests.models import MODELS, random_tree
+
+SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
+
+
+def _record(compiler: fd.Compiler, examples: list, use_plan: bool) -> tuple[BatchBuilder, list]:
+    builder = BatchBuilder(compiler)
+    outputs = []
+    for i, x in enumerate(examples):
+        builder.example_index = i
+        outputs.append(builder.run(x) if use_plan else walk(compiler.root, x, builder))
+    return builder, outputs
+
+
+def _state(builder: BatchBuilder) -> dict:
+    consts = [[None if c is None else (np.asarray(c).dtype.str, np.asarray(c).tolist()) for c in table]
+              for table in builder.consts]
+    return {"values": (builder.v_type, builder.v_depth, builder.v_node, builder.v_pos),
+            "nodes": (builder.n_op, builder.n_depth, builder.n_inputs), "consts": consts,
+            "metrics": builder.metrics, "max_depth": builder.max_depth}
+
+
+def assert_plan_matches_walk(compiler: fd.Compiler, examples: list) -> BatchBuilder:
+    plan, plan_out = _record(compiler, examples, use_plan=True)
+    ref, ref_out = _record(compiler, examples, use_plan=False)
+    assert plan_out == ref_out
+    assert _state(plan) == _state(ref)
+    return plan
+
+
+def _sst_model():
+    trees = sst.load("train", SAMPLE)
+    args = tree_lstm_sst.parse_args(["--state-size", "4", "--embed-size", "3"])
+    # Words missing from the vocabulary take the Optional's zeros branch.
+    vocab = sst.vocabulary(trees[: len(trees) // 2])
+    return tree_lstm_sst.build_model(vocab, args), trees[:40]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_plan_records_what_the_walk_records(name):
+    block, _, examples = MODELS[name]()
+    assert_plan_matches_walk(fd.Compiler.create(block), examples)
+
+
+def test_plan_matches_walk_on_sst_with_optional_metrics_and_shared_zeros():
+    block, trees = _sst_model()
+    builder = assert_plan_matches_walk(fd.Compiler.create(block), trees)
+    assert len(builder.metrics["loss"]) == sum(2 * len(sst.words(t)) - 1 for t in trees)
+
+
+def _sum_tree():
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    pair = (fd.AllOf(fd.FromTensor(np.float32(0.5)), fd.Record((decl(), decl())))
+            >> fd.Function(lambda c, ab: c * (ab[0] + ab[1])))
+    node = fd.Composition()
+    with node.scope():
+        value = fd.OneOf(lambda t: isinstance(t, tuple), {False: fd.Scalar(), True: pair}).reads(node.input)
+        fd.Metric("node").reads(value)
+        node.output.reads(value)
+    decl.resolve_to(node)
+    return decl()
+
+
+def _chain(depth: int):
+    """``(2, (2, ... (2, 1)))``: every level records a constant before it recurses."""
+    tree = 1.0
+    for _ in range(depth):
+        tree = (2.0, tree)
+    return tree
+
+
+def test_deep_example_is_rolled_back_and_walked():
+    compiler = fd.Compiler.create(_sum_tree())
+    rng = random.Random(0)
+    # The deep example comes first, so its aborted plan run is what creates the shared constant.
+    examples = [_chain(MAX_PLAN_DEPTH + 50), random_tree(rng, 5, lambda r: r.random()),
+                random_tree(rng, 7, lambda r: r.random())]
+    builder = assert_plan_matches_walk(compiler, examples)
+    assert builder.max_depth > MAX_PLAN_DEPTH
+    # The shared FromTensor constant survives the rollback: one per batch.
+    assert sum(c is not None and c.shape == () and float(c) == 0.5 for c in builder.consts[0]) == 1
+    value = 1.0
+    for _ in range(MAX_PLAN_DEPTH + 50):
+        value = 0.5 * (2.0 + value)
+    out = compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch(examples))
+    np.testing.assert_allclose(np.asarray(out.outputs)[0], value, rtol=1e-5)
+
+
+def test_bad_example_after_good_ones_gets_the_walks_error():
+    compiler = fd.Compiler.create(_sum_tree())
+    with pytest.raises(ValueError, match=r"example 2: at .*Scalar.*string 'x'"):
+        compiler.build_batch([(1.0, 2.0), 3.0, ((1.0, "x"), 2.0)])
+    # The builder of the next batch starts clean.
+    assert_plan_matches_walk(compiler, [(1.0, 2.0), 3.0])
+
+
+def test_sequences_that_are_not_lists_take_the_walk():
+    fold = fd.Fold(fd.Function(lambda acc, x: acc + x), fd.Zeros(fd.TensorType(())))
+    block = fd.Record((fd.Map(fd.Scalar()) >> fold, fd.Map(fd.Scalar()) >> fd.Sum()))
+    block = block >> fd.Function(lambda a, b: a - b)
+    compiler = fd.Compiler.create(block)
+    examples = [([1.0, 2.0], (3.0, 4.0)), ((5.0,), [6.0, 7.0, 8.0]), ([], [])]
+    assert_plan_matches_walk(compiler, examples)
+    out = compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch(examples))
+    np.testing.assert_allclose(np.asarray(out.outputs), [3.0 - 7.0, 5.0 - 21.0, 0.0])
+
+
+def test_plan_source_is_python_for_every_operation():
+    compiler = fd.Compiler.create(_sum_tree() >> fd.Function(jnp.negative))
+    source = compiler._plan.source
+    compile(source, "<plan>", "exec")
+    for o in range(len(compiler.ops)):
+        assert f"def rec{o}(" in source
