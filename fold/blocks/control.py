@@ -212,6 +212,6 @@ class Metric(Block):
         return None
 
     def _emit(self, em: Any, x: str) -> str:
-        em.line(f"ctx.metric({em.literal(self.metric_name)}, {x})")
+        em.metric(self.metric_name, x)
         return "None"
 

@@ -37,8 +37,8 @@ from fold.compiler.executor import Executor
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import build_ahead
-from fold.scheduler.builder import BatchBuilder
-from fold.scheduler.plan import HostPlan
+from fold.scheduler.builder import BatchBuilder, gc_paused
+from fold.scheduler.plan import HostPlan, leaf_paths
 from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
 
 __all__ = ["Compiler"]
@@ -54,42 +54,10 @@ class CompiledOp:
         self.out_tidx = [type_index[t] for t in spec.out_types]
         self.out_slots = _slots(self.out_tidx)
         self.in_slots = _slots(self.in_tidx)
-        self.in_paths = _leaf_paths(spec.in_type)
-        self.flatten_inputs = _flattener(spec.in_type)
-        self.outputs_from = _unflattener(spec.out_type)
+        self.in_paths = leaf_paths(spec.in_type)
         layer = spec.layer
         overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
         self.check_inputs = layer.check_constant_inputs if overridden else None
-
-
-# The host walk calls every operation once per node, so the conversions
-# between a host value (nested tuples of tensor ids) and the flat id list are
-# generated once per type as straight-line lambdas instead of recursing.
-def _leaf_paths(t: Type, path: str = "") -> list[str]:
-    if isinstance(t, TensorType):
-        return [path]
-    if isinstance(t, TupleType):
-        return [p for i, item in enumerate(t) for p in _leaf_paths(item, f"{path}[{i}]")]
-    return []  # void
-
-
-def _flattener(t: Type) -> Any:
-    """``x -> [tensor ids of x in order]`` for a host value of type ``t``."""
-    return eval(f"lambda x: [{', '.join('x' + p for p in _leaf_paths(t))}]")  # noqa: S307 (generated)
-
-
-def _unflattener(t: Type) -> Any:
-    """``first -> host value of type t`` whose tensor ids are ``first, first + 1, ...``."""
-    counter = itertools.count()
-
-    def expr(t: Type) -> str:
-        if isinstance(t, TensorType):
-            return f"first + {next(counter)}"
-        if isinstance(t, TupleType):
-            return "(" + "".join(f"{expr(i)}, " for i in t) + ")"
-        return "None"
-
-    return eval(f"lambda first: {expr(t)}")  # noqa: S307 (generated)
 
 
 def _slots(tidx: list[int]) -> list[tuple[int, int]]:
@@ -286,19 +254,20 @@ class Compiler:
 
     # -------------------------------------------------------------- batches
     def _build(self, examples: Iterable[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
-        builder = BatchBuilder(self)
-        outputs = []
-        for i, x in enumerate(examples):
-            builder.example_index = i
-            outputs.append(builder.run(x))
-        builder.example_index = None
-        n_leaves = len(self._root_leaves)
-        roots: list[list[int]] = [[] for _ in range(n_leaves)]
-        if n_leaves:
-            for value in outputs:
-                for leaf, vid in enumerate(flatten_value(value)):
-                    roots[leaf].append(vid)
-        batch = schedule(builder, roots, len(outputs), self.chunk, keep_host)
+        with gc_paused():
+            builder = BatchBuilder(self)
+            outputs = []
+            for i, x in enumerate(examples):
+                builder.example_index = i
+                outputs.append(builder.run(x))
+            builder.example_index = None
+            n_leaves = len(self._root_leaves)
+            roots: list[list[int]] = [[] for _ in range(n_leaves)]
+            if n_leaves:
+                for value in outputs:
+                    for leaf, vid in enumerate(flatten_value(value)):
+                        roots[leaf].append(vid)
+            batch = schedule(builder, roots, len(outputs), self.chunk, keep_host)
         return batch, builder, outputs
 
     def build_batch(self, examples: Iterable[Any]) -> Batch:

@@ -12,6 +12,9 @@ examples the plan cannot take (errors, very deep recursion).
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +22,26 @@ import numpy as np
 from fold.blocks.types import TensorType
 from fold.scheduler.walk import walk
 
-__all__ = ["BatchBuilder"]
+__all__ = ["BatchBuilder", "gc_paused"]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pauses Python's cyclic garbage collector while a batch is built.
+
+    Building allocates tens of thousands of small tuples per batch, and
+    every few hundred allocations the collector would traverse the young
+    objects and, now and then, the whole heap, including the user's
+    dataset (often millions of nested Python objects). Nothing a build
+    allocates needs the cycle collector, so it runs again afterwards.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class BatchBuilder:
@@ -35,16 +57,16 @@ class BatchBuilder:
         self.v_node: list[int] = []
         self.v_pos: list[int] = []
         self.consts: list[list[np.ndarray | None]] = [[] for _ in model.types]
-        # Per node: operation index, depth and input value ids.
+        # Per node: operation index and depth; the input value ids of all nodes
+        # in one flat list (an operation always takes the same number of inputs).
         self.n_op: list[int] = []
         self.n_depth: list[int] = []
-        self.n_inputs: list[list[int]] = []
+        self.n_inputs: list[int] = []
         self.metrics: dict[str, list[tuple[int, int]]] = {name: [] for name in model.metric_types}
-        self.max_depth = 0
         self._shared: dict[Any, int] = {}
         # Per-batch memo for blocks whose host value is the same every call (Zeros).
         self.block_cache: dict[Any, Any] = {}
-        self._plan_run, self._recorders, self._const_makers = model._plan.bind(self)
+        self._plan_run, self._callers, self._const_makers = model._plan.bind(self)
 
     def run(self, x: Any) -> Any:
         """Records example ``x`` (index ``self.example_index``) and returns its host value.
@@ -62,16 +84,16 @@ class BatchBuilder:
         return walk(self.model.root, x, self)
 
     def _mark(self) -> tuple:
-        return (len(self.v_type), len(self.n_op), [len(c) for c in self.consts],
-                {k: len(v) for k, v in self.metrics.items()}, self.max_depth,
-                len(self._shared), len(self.block_cache))
+        return (len(self.v_type), len(self.n_op), len(self.n_inputs), [len(c) for c in self.consts],
+                {k: len(v) for k, v in self.metrics.items()}, len(self._shared), len(self.block_cache))
 
     def _rollback(self, mark: tuple) -> None:
-        n_values, n_nodes, n_consts, n_metrics, self.max_depth, n_shared, n_cached = mark
+        n_values, n_nodes, n_flat, n_consts, n_metrics, n_shared, n_cached = mark
         for values in (self.v_type, self.v_depth, self.v_node, self.v_pos):
             del values[n_values:]
-        for nodes in (self.n_op, self.n_depth, self.n_inputs):
+        for nodes in (self.n_op, self.n_depth):
             del nodes[n_nodes:]
+        del self.n_inputs[n_flat:]
         for table, n in zip(self.consts, n_consts):
             del table[n:]
         for name, n in n_metrics.items():
@@ -107,11 +129,16 @@ class BatchBuilder:
 
     def call(self, block: Any, x: Any) -> Any:
         """Records one call of ``block``'s operation on host value ``x``."""
-        o = self.model.block_ops[block]
-        return self._recorders[o](*self.model.ops[o].flatten_inputs(x))
+        return self._callers[self.model.block_ops[block]](x)
 
     def metric(self, name: str, vid: int) -> None:
-        depth = self.v_depth[vid] + 1
-        if depth > self.max_depth:
-            self.max_depth = depth
+        """Records tensor ``vid`` as an entry of metric ``name`` for the current example."""
         self.metrics[name].append((self.example_index or 0, vid))
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest node so far; a metric entry counts one deeper than its value (as in Fold)."""
+        depth = max(self.n_depth, default=0)
+        for entries in self.metrics.values():
+            depth = max(depth, 1 + max((self.v_depth[vid] for _, vid in entries), default=-1))
+        return depth

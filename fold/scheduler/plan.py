@@ -28,6 +28,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fold.blocks.types import TensorType, TupleType
 from fold.scheduler.walk import walk
 
 __all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH"]
@@ -35,6 +36,30 @@ __all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH"]
 # Recursion levels (ForwardDeclaration calls) one plan call may nest; each is
 # one Python frame, so this stays well inside Python's default limit of 1000.
 MAX_PLAN_DEPTH = 200
+
+
+def leaf_paths(t: Any, path: str = "") -> list[str]:
+    """Index paths (``"[1][0]"``) of the tensor ids in a host value of type ``t``, in order."""
+    if isinstance(t, TensorType):
+        return [path]
+    if isinstance(t, TupleType):
+        return [p for i, item in enumerate(t) for p in leaf_paths(item, f"{path}[{i}]")]
+    return []  # void
+
+
+def value_expr(t: Any, first: str) -> str:
+    """An expression for the host value of type ``t`` whose tensor ids are ``first, first + 1, ...``."""
+    counter = itertools.count()
+
+    def expr(t: Any) -> str:
+        if isinstance(t, TensorType):
+            k = next(counter)
+            return f"{first} + {k}" if k else first
+        if isinstance(t, TupleType):
+            return "(" + "".join(f"{expr(i)}, " for i in t) + ")"
+        return "None"
+
+    return expr(t)
 
 
 class TooDeep(Exception):
@@ -59,6 +84,7 @@ class Emitter:
         self._indent = 1
         self._functions: list[list[str]] = []
         self._decl_functions: dict[Any, str] = {}
+        self._metrics: dict[str, int] = {}
 
     # ------------------------------------------------------------ building
     def var(self, prefix: str = "v") -> str:
@@ -147,6 +173,11 @@ class Emitter:
         """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes."""
         return self.assign(f"const{self.model.type_index[ttype]}({value})")
 
+    def metric(self, name: str, x: str) -> None:
+        """Records tensor ``x`` as an entry of metric ``name`` (see ``BatchBuilder.metric``)."""
+        i = self._metrics.setdefault(name, len(self._metrics))
+        self.line(f"metric{i}.append((ctx.example_index or 0, {x}))")
+
     def recurse(self, decl: Any, x: str) -> str:
         """A call of ``decl``'s target, generated once as its own function."""
         fn = self._decl_functions.get(decl)
@@ -170,7 +201,8 @@ class Emitter:
 
     # ------------------------------------------------------------- source
     def _recorder(self, o: int) -> list[str]:
-        """``rec{o}(*input ids)``: records one call of operation ``o`` (see ``BatchBuilder``)."""
+        """``rec{o}(*input ids)`` records one call of operation ``o`` (see ``BatchBuilder``);
+        ``call{o}(x)`` does it for host value ``x``."""
         op = self.model.ops[o]
         args = [f"i{j}" for j in range(len(op.in_paths))]
         n_out = len(op.out_tidx)
@@ -183,15 +215,14 @@ class Emitter:
             body = [f"d = max({', '.join(f'v_depth[{a}]' for a in args)}) + 1"]
         if op.check_inputs is not None:
             check = self.bind(op.check_inputs, "check")
-            body += [f"if {' and '.join(f'v_node[{a}] < 0' for a in args)}:",
+            body += [f"if {' and '.join(f'v_node[{a}] < 0' for a in args) or 'True'}:",
                      f"    {check}({', '.join(f'ctx.const_value({a})' for a in args)})"]
-        body += ["if d > ctx.max_depth:",
-                 "    ctx.max_depth = d",
-                 "node = len(n_op)",
+        body += ["node = len(n_op)",
                  f"n_op.append({o})",
                  "n_depth.append(d)",
-                 f"n_inputs.append([{', '.join(args)}])",
                  "first = len(v_type)"]
+        if args:
+            body.append(f"n_inputs.append({args[0]})" if len(args) == 1 else f"n_inputs.extend(({', '.join(args)}))")
         if n_out == 1:
             body += [f"v_type.append({op.out_tidx[0]})", "v_depth.append(d)", "v_node.append(node)",
                      "v_pos.append(0)"]
@@ -199,8 +230,9 @@ class Emitter:
             body += [f"v_type.extend({self.bind(tuple(op.out_tidx), 'types')})",
                      f"v_depth.extend([d] * {n_out})", f"v_node.extend([node] * {n_out})",
                      f"v_pos.extend(range({n_out}))"]
-        body.append(f"return {self.bind(op.outputs_from, 'out')}(first)")
-        return lines + ["    " + b for b in body]
+        body.append(f"return {value_expr(op.spec.out_type, 'first')}")
+        caller = [f"def call{o}(x):", f"    return rec{o}({', '.join('x' + p for p in op.in_paths)})"]
+        return lines + ["    " + b for b in body] + caller
 
     @staticmethod
     def _const_maker(t: int) -> list[str]:
@@ -216,11 +248,13 @@ class Emitter:
                 "    return vid"]
 
     def source(self, root: Any) -> str:
-        """The module: ``_make(ctx)`` returns ``(run, recorders, constant makers)`` bound to one builder."""
+        """The module: ``_make(ctx)`` returns ``(run, callers, constant makers)`` bound to one builder."""
         self._function("run", root, check_depth=False)
         out = ["def _make(ctx):"]
         for field in ("v_type", "v_depth", "v_node", "v_pos", "n_op", "n_depth", "n_inputs", "consts"):
             out.append(f"    {field} = ctx.{field}")
+        for i, name in enumerate(self._metrics):
+            out.append(f"    metric{i} = ctx.metrics[{name!r}]")
         # Every operation and type gets one: the walk records through them too.
         for o in range(len(self.model.ops)):
             out += ["    " + s for s in self._recorder(o)]
@@ -228,9 +262,9 @@ class Emitter:
             out += ["    " + s for s in self._const_maker(t)]
         for fn in self._functions:
             out += fn
-        recorders = ", ".join(f"rec{o}" for o in range(len(self.model.ops)))
+        callers = ", ".join(f"call{o}" for o in range(len(self.model.ops)))
         makers = ", ".join(f"const{t}" for t in range(len(self.model.types)))
-        out.append(f"    return run, [{recorders}], [{makers}]")
+        out.append(f"    return run, [{callers}], [{makers}]")
         return "\n".join(out) + "\n"
 
 
@@ -245,6 +279,6 @@ class HostPlan:
         self._make = namespace["_make"]
 
     def bind(self, builder: Any) -> tuple[Any, list, list]:
-        """``(run, recorders, makers)`` writing to ``builder``: ``run(x, 0)`` records one example,
-        ``recorders[o](*ids)`` one call of operation ``o``, ``makers[t](value)`` one constant of type ``t``."""
+        """``(run, callers, makers)`` writing to ``builder``: ``run(x, 0)`` records one example,
+        ``callers[o](x)`` one call of operation ``o``, ``makers[t](value)`` one constant of type ``t``."""
         return self._make(builder)

@@ -21,7 +21,6 @@ runs one item per iteration.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -146,8 +145,8 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     n_depth = np.asarray(b.n_depth, np.int64)
 
     # Tail nodes move past the loop's deepest depth, farthest from a result first.
-    n_in = np.fromiter((len(i) for i in b.n_inputs), np.int64, n_nodes)
-    flat_in = np.fromiter(itertools.chain.from_iterable(b.n_inputs), np.int64, int(n_in.sum()))
+    n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[n_op]
+    flat_in = np.asarray(b.n_inputs, np.int64)
     consumer = np.repeat(np.arange(n_nodes), n_in)
     producer = v_node[flat_in]
     computed = producer >= 0
@@ -260,12 +259,12 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     # Constant tables (only for types with a non-zero constant).
     consts = {}
     for t, table in enumerate(b.consts):
-        if any(v is not None for v in table):
+        filled = [(i, v) for i, v in enumerate(table) if v is not None]
+        if filled:
             tt = model.types[t]
+            rows, values = zip(*filled)
             arr = np.zeros((A, *tt.shape), tt.dtype)
-            for i, v in enumerate(table):
-                if v is not None:
-                    arr[i] = v
+            arr[np.asarray(rows)] = np.asarray(values, tt.dtype).reshape(len(rows), *tt.shape)
             consts[str(t)] = arr
 
     # Roots and metrics.

@@ -128,3 +128,23 @@ def test_plan_source_is_python_for_every_operation():
     compile(source, "<plan>", "exec")
     for o in range(len(compiler.ops)):
         assert f"def rec{o}(" in source
+
+
+def test_build_pauses_the_garbage_collector_and_restores_it():
+    import gc
+
+    compiler = fd.Compiler.create(_sum_tree())
+    seen = []
+    probe = fd.InputTransform(lambda x: seen.append(gc.isenabled()) or x) >> _sum_tree()
+    probe_compiler = fd.Compiler.create(probe)
+    probe_compiler.build_batch([(1.0, 2.0)])
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ValueError):
+        compiler.build_batch([(1.0, "x")])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        compiler.build_batch([(1.0, 2.0)])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
