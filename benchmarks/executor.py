@@ -81,10 +81,11 @@ def loop_computations(hlo: str) -> dict[str, str]:
     return {name: comps[name] for name in seen}
 
 
-def arena_copies(hlo: str, rows: int) -> int:
-    """HLO ``copy`` instructions inside loops whose result has ``rows`` leading rows: a whole
-    arena copied on every iteration."""
-    copy = re.compile(rf"= \w+\[{rows}(?:,[\d,]*)?\]\S* copy\(")
+def arena_copies(hlo: str, rows: int | set[int]) -> int:
+    """HLO ``copy`` instructions inside loops whose result has ``rows`` (or any of a set of row
+    counts) leading rows: a whole arena copied on every iteration."""
+    alternatives = "|".join(str(r) for r in sorted({rows} if isinstance(rows, int) else rows))
+    copy = re.compile(rf"= \w+\[(?:{alternatives})(?:,[\d,]*)?\]\S* copy\(")
     return sum(len(copy.findall(body)) for body in loop_computations(hlo).values())
 
 
@@ -110,7 +111,7 @@ def measure(block: fd.Block, examples: list, chunk: int, repeats: int) -> dict[s
     run()
     return {"chunk": chunk, "compile_s": compile_s, "step_s": median_seconds(run, repeats),
             "items": host.stats.num_items, "nodes": host.stats.num_nodes, "size_class": host.layout.size_class,
-            "arena_copies": arena_copies(hlo, host.layout.size_class + chunk),
+            "arena_copies": arena_copies(hlo, {r + chunk for r in host.layout.arena_rows}),
             "loop_computations": len(loop_computations(hlo))}
 
 

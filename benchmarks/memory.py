@@ -63,7 +63,7 @@ def measure(compiler: fd.Compiler, step: Any, params: Any, opt_state: Any, trees
     batch = compiler.build_batch(trees)
     sizes = [row_bytes(t) for t in compiler.types]
     rows = batch.stats.type_rows
-    allocated = batch.layout.size_class + compiler.chunk
+    allocated = [r + compiler.chunk for r in batch.layout.arena_rows]
     floats = [i for i, t in enumerate(compiler.types) if jax.numpy.issubdtype(t.dtype, jax.numpy.inexact)]
     compiled = step.lower(params, opt_state, batch, jax.random.key(0)).compile()
     analysis = compiled.memory_analysis()
@@ -73,8 +73,8 @@ def measure(compiler: fd.Compiler, step: Any, params: Any, opt_state: Any, trees
         "occupancy": batch.stats.rows / batch.layout.size_class,
         "activation_bytes": activation,
         "float_activation_bytes": sum(rows[i] * sizes[i] for i in floats),
-        "arena_bytes": allocated * sum(sizes),
-        "float_arena_bytes": allocated * sum(sizes[i] for i in floats),
+        "arena_bytes": sum(a * s for a, s in zip(allocated, sizes)),
+        "float_arena_bytes": sum(allocated[i] * sizes[i] for i in floats),
         "temp_bytes": analysis.temp_size_in_bytes,
         "argument_bytes": analysis.argument_size_in_bytes,
         "output_bytes": analysis.output_size_in_bytes,

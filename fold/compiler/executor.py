@@ -2,9 +2,11 @@
 
 See ``docs/design.md``. In short:
 
-* One arena per tensor type, ``A + C`` rows: constants, then node outputs.
+* One arena per tensor type: constants, then node outputs, in as many rows
+  as that type needs rounded up to a power of two, then ``C`` dump rows.
 * Depth-1 groups read only constants; they run once, before the loop, on
-  ``A`` padded rows each, and are differentiated by ordinary autodiff.
+  their row count padded to a power of two, and are differentiated by
+  ordinary autodiff.
   Tail groups (operations only a few calls from a result, such as a
   per-node readout and loss) run the same way after the loop.
 * Deeper groups are work items ``(branch, first node, count)``; the loop
@@ -94,8 +96,9 @@ class Executor:
 
     # ------------------------------------------------------------- forward
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
-        """One ``[A + C, *shape]`` arena per type, constants in their rows, zeros elsewhere."""
-        A, C = layout.size_class, self.chunk
+        """One ``[rows + C, *shape]`` arena per type (``rows = layout.arena_rows[t]``),
+        constants in their rows, zeros elsewhere."""
+        C = self.chunk
         arenas = {}
         for t, tt in enumerate(self.types):
             key = str(t)
@@ -103,7 +106,7 @@ class Executor:
                 pad = jnp.zeros((C, *tt.shape), tt.dtype)
                 arenas[t] = jnp.concatenate([jnp.asarray(arrays["consts"][key]), pad])
             else:
-                arenas[t] = jnp.zeros((A + C, *tt.shape), tt.dtype)
+                arenas[t] = jnp.zeros((layout.arena_rows[t] + C, *tt.shape), tt.dtype)
         return arenas
 
     def run_groups(self, params: Any, arenas: dict, in_idx: Any, groups: dict, ops: tuple, sizes: tuple,
@@ -169,7 +172,7 @@ class Executor:
     # ------------------------------------------------------------ backward
     def _backward_branches(self, layout: Any, k_out: dict, k_in: dict, float_types: list) -> list:
         C = self.chunk
-        A = layout.size_class
+        dump = layout.arena_rows  # per type, the first row past its arena's real rows
         branches = []
         for o in layout.loop_ops:
             op = self.ops[o]
@@ -198,12 +201,12 @@ class Executor:
                     p_ct, *x_cts = vjp(cts)
                     in_cts = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
                               for t, k in k_in.items()}
-                    in_rows = {t: jnp.full((k, C), A, jnp.int32) for t, k in k_in.items()}
+                    in_rows = {t: jnp.full((k, C), dump[t], jnp.int32) for t, k in k_in.items()}
                     for i, x_ct in zip(diff, x_cts):
                         t, k = op.in_slots[i]
                         mask = valid.reshape((size,) + (1,) * (x_ct.ndim - 1))
                         in_cts[t] = in_cts[t].at[k, :size].set(jnp.where(mask, x_ct, jnp.zeros((), x_ct.dtype)))
-                        in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], A))
+                        in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], dump[t]))
                     p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, v) for name, v in lparams.items()}
                     if op.layer is not None:
                         p_full[op.layer.name] = p_ct
@@ -286,10 +289,9 @@ class Executor:
         layout = batch.layout
         params = self.model.prepare_params(params)
         arenas = self.initial_arenas(arrays, layout)
-        A = layout.size_class
         in_idx = arrays["in_idx"]
-        arenas = self.run_groups(params, arenas, in_idx, arrays["hoist"], layout.hoist_ops,
-                                 (A,) * len(layout.hoist_ops), key, _HOIST_STREAM)
+        arenas = self.run_groups(params, arenas, in_idx, arrays["hoist"], layout.hoist_ops, layout.hoist_sizes,
+                                 key, _HOIST_STREAM)
         if layout.loop_ops:
             names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
             lparams = {name: params[name] for name in names}

@@ -3,13 +3,15 @@
 Layout (see docs/design.md). One *arena* per tensor type holds, in order,
 that type's constants and then every node output, nodes sorted by
 (depth, operation); each (depth, operation) *group* is cut into chunks
-and each chunk owns one contiguous row range per output. Every array size derives from one size class
-``A = next_pow2(total rows)``: arenas have ``A + C`` rows (row ``A`` onwards
-is a dump region for padded writes), the per-node input index table has
-``A + C`` rows, the work list and metric arrays have ``A`` entries.
+and each chunk owns one contiguous row range per output. The size class
+``A = next_pow2(max(rows of the fullest type, nodes, metric entries))``
+sizes the per-node input index table (``A + C`` rows), the work list and
+the metric arrays (``A`` entries). Arena ``t`` has ``R_t + C`` rows, ``R_t``
+the rows its type uses rounded up to a power of two (at most ``A``): row
+``R_t`` onwards is a dump region for padded writes.
 
 Groups at depth 1 read only constants and are *hoisted*: run once before
-the loop over all their rows. Operations whose every call is at most
+the loop over all their rows (padded to a power of two). Operations whose every call is at most
 ``TAIL_DEPTH`` steps from a result (a per-node readout and its loss, say)
 run *after* the loop, once per level, over all their rows (padded to a
 power of two): their nodes get depths past the loop's deepest, ordered by
@@ -50,6 +52,8 @@ class BatchLayout(NamedTuple):
     const_types: tuple        # arena types that have a constant table
     tail_ops: tuple = ()      # operations of the groups run after the loop, in order
     tail_sizes: tuple = ()    # their padded row counts (powers of two)
+    hoist_sizes: tuple = ()   # padded row counts of the hoisted groups (powers of two)
+    arena_rows: tuple = ()    # per arena type, rows before its C dump rows (powers of two <= A)
 
 
 class BatchStats(NamedTuple):
@@ -191,6 +195,11 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     n_metric = max((len(v) for v in b.metrics.values()), default=0)
     A = next_pow2(max(total_rows, n_nodes, n_metric, MIN_ITEM))
     S = A + chunk
+    # Each arena holds only its own type's rows, rounded up to a power of two:
+    # a model's types fill very different numbers of rows.
+    arena_rows = tuple(min(A, next_pow2(max(int(r), MIN_ITEM))) for r in cursor.tolist())
+    dump_row = np.asarray([arena_rows[t] for t, _ in sorted(model.slot_index, key=model.slot_index.get)]
+                          or [A], np.int64)
 
     # Row of every value id.
     v_row = np.where(v_node < 0, v_pos, 0)
@@ -213,7 +222,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     n_slots = max(len(slot_of), 1)
 
     def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
-        row = np.full(n_slots, A, np.int64)
+        row = dump_row.copy()  # slots the op lacks write their (zero) chunk to the dump rows
         for j, (t, k) in enumerate(model.ops[o].out_slots):
             row[slot_of[(t, k)]] = base_row[j]
         return row
@@ -249,7 +258,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     items_branch = np.zeros(W, np.int32)
     items_node = np.zeros(W, np.int32)
     items_count = np.zeros(W, np.int32)
-    items_out = np.full((W, n_slots), A, np.int32)
+    items_out = np.tile(dump_row.astype(np.int32), (W, 1))
     items_branch[:n_items] = it_branch
     items_node[:n_items] = it_node
     items_count[:n_items] = it_count
@@ -263,7 +272,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
         if filled:
             tt = model.types[t]
             rows, values = zip(*filled)
-            arr = np.zeros((A, *tt.shape), tt.dtype)
+            arr = np.zeros((arena_rows[t], *tt.shape), tt.dtype)
             arr[np.asarray(rows)] = np.asarray(values, tt.dtype).reshape(len(rows), *tt.shape)
             consts[str(t)] = arr
 
@@ -296,9 +305,11 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
         "roots": root_rows,
         "metrics": metrics,
     }
-    layout = BatchLayout(A, num_examples, loop_ops, hoist_ops,
-                         tuple(sorted(int(k) for k in consts)), tail_ops,
-                         tuple(max(MIN_ITEM, next_pow2(n)) for n in tail_arrays["count"].tolist()))
+    def padded(counts: np.ndarray) -> tuple:
+        return tuple(max(MIN_ITEM, next_pow2(n)) for n in counts.tolist())
+
+    layout = BatchLayout(A, num_examples, loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)),
+                         tail_ops, padded(tail_arrays["count"]), padded(hoist["count"]), arena_rows)
     host = HostInfo(v_type, v_row) if keep_host else None
     stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows,
                        tuple(cursor.tolist()))

@@ -33,6 +33,7 @@ def test_arena_copies_counts_whole_arena_copies_inside_loops_only():
     # copy.1 (in a branch the loop body calls) and copy.3; copy.4 runs once, before the loop.
     assert executor.arena_copies(HLO, 264) == 2
     assert executor.arena_copies(HLO, 8) == 1
+    assert executor.arena_copies(HLO, {264, 8}) == 3
     assert set(executor.loop_computations(HLO)) == {"body", "branch_0"}
 
 

@@ -67,6 +67,33 @@ def test_size_class_is_a_power_of_two_above_the_rows():
         assert batch.arrays["in_idx"].shape[0] == A + compiler.chunk
 
 
+def test_each_arena_has_its_own_types_rows_rounded_up():
+    # Scalars (the leaves and 0.5) fill far fewer rows than the (2,) vectors of every node.
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((2,)))
+    pair = fd.Record((decl(), decl())) >> fd.Function(lambda a, b: a + b)
+    leaf = fd.AllOf(fd.Scalar(), fd.FromTensor(np.float32(0.5))) >> fd.Function(lambda x, h: jnp.stack([x, h], -1))
+    decl.resolve_to(fd.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: pair}))
+    compiler = fd.Compiler.create(decl(), chunk_size=8)
+    rng = random.Random(3)
+    examples = [random_tree(rng, 40, lambda r: r.random()) for _ in range(4)]
+    batch = compiler.build_batch(examples)
+    scalar, vector = (compiler.type_index[fd.TensorType(s)] for s in ((), (2,)))
+    rows = batch.layout.arena_rows
+    assert batch.stats.type_rows[scalar] == 4 * 40 + 1 and rows[scalar] == 256
+    assert batch.stats.type_rows[vector] == 4 * 79 and rows[vector] == 512 == batch.layout.size_class
+    assert batch.layout.hoist_sizes == (256,)  # the 160 leaf calls, padded
+    arenas = compiler._arenas_jit(compiler.init(jax.random.key(0)), batch)
+    assert {t: a.shape[0] for t, a in arenas.items()} == {scalar: 256 + 8, vector: 512 + 8}
+    # Values against an unbatched evaluation of each tree.
+    params = compiler.init(jax.random.key(0))
+
+    def reference(t):
+        return np.add(reference(t[0]), reference(t[1])) if isinstance(t, tuple) else np.array([t, 0.5])
+
+    out = compiler.apply(params, batch).outputs
+    np.testing.assert_allclose(np.asarray(out), [reference(t) for t in examples], rtol=1e-5)
+
+
 def test_batch_stats_count_nodes_items_depth_and_rows():
     compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum())
     batch = compiler.build_batch([list(range(16))])
