@@ -11,8 +11,8 @@ the rows its type uses rounded up to a power of two (at most ``A``): row
 ``R_t`` onwards is a dump region for padded writes.
 
 Groups at depth 1 read only constants and are *hoisted*: run once before
-the loop over all their rows (padded to a power of two). Operations whose every call is at most
-``TAIL_DEPTH`` steps from a result (a per-node readout and its loss, say)
+the loop over all their rows (padded to a power of two). Operations whose
+every call is at most ``TAIL_DEPTH`` steps from a result (a per-node readout and its loss, say)
 run *after* the loop, once per level, over all their rows (padded to a
 power of two): their nodes get depths past the loop's deepest, ordered by
 that distance (see ``_tail``).
@@ -40,6 +40,11 @@ TAIL_DEPTH = 2
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def padded_rows(n: int) -> int:
+    """Rows a count of ``n`` is padded to: the next power of two, at least ``MIN_ITEM``."""
+    return max(MIN_ITEM, next_pow2(n))
 
 
 class BatchLayout(NamedTuple):
@@ -197,7 +202,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     S = A + chunk
     # Each arena holds only its own type's rows, rounded up to a power of two:
     # a model's types fill very different numbers of rows.
-    arena_rows = tuple(min(A, next_pow2(max(int(r), MIN_ITEM))) for r in cursor.tolist())
+    arena_rows = tuple(min(A, padded_rows(r)) for r in cursor.tolist())
     dump_row = np.asarray([arena_rows[t] for t, _ in sorted(model.slot_index, key=model.slot_index.get)]
                           or [A], np.int64)
 
@@ -248,7 +253,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
     it_branch, it_node, it_count, it_out = [], [], [], []
     for c in items:
         o, cnt = int(g_op[c_group[c]]), c_count[c]
-        size = chunk if cnt == chunk else max(MIN_ITEM, next_pow2(cnt))
+        size = chunk if cnt == chunk else padded_rows(cnt)
         it_branch.append(loop_pos[o] * len(sizes) + size_pos[size])
         it_node.append(c_start[c])
         it_count.append(cnt)
@@ -305,11 +310,9 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk: 
         "roots": root_rows,
         "metrics": metrics,
     }
-    def padded(counts: np.ndarray) -> tuple:
-        return tuple(max(MIN_ITEM, next_pow2(n)) for n in counts.tolist())
-
-    layout = BatchLayout(A, num_examples, loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)),
-                         tail_ops, padded(tail_arrays["count"]), padded(hoist["count"]), arena_rows)
+    layout = BatchLayout(A, num_examples, loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,
+                         tuple(map(padded_rows, tail_arrays["count"].tolist())),
+                         tuple(map(padded_rows, hoist["count"].tolist())), arena_rows)
     host = HostInfo(v_type, v_row) if keep_host else None
     stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows,
                        tuple(cursor.tolist()))
