@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import signal
 import time
 
@@ -58,6 +59,49 @@ def test_a_dead_worker_raises_instead_of_hanging():
                 for child in multiprocessing.active_children():
                     os.kill(child.pid, signal.SIGKILL)
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_a_worker_killed_halfway_through_sending_a_batch_raises():
+    # Batches far larger than a pipe's buffer: while the consumer is not
+    # reading, each worker blocks halfway through writing its next batch.
+    # Killing it there leaves half a message, which must read as a dead
+    # worker (ProcessPoolExecutor's result thread hung on this forever).
+    compiler = _model()
+    data = [[1.0] * 50_000] * 12
+    assert len(pickle.dumps(compiler.build_batch(data[:4]))) > 4 * 2**20
+    gen = compiler.batches(data, 4, num_workers=2)
+    next(gen)
+    workers = [p for p in multiprocessing.active_children() if p.name == "fold-batch-builder"]
+    assert len(workers) == 2
+    time.sleep(3.0)  # both workers build their next batch and block writing it
+    for p in workers:
+        os.kill(p.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker process died .exit code -9"):
+        next(gen)
+    assert time.monotonic() - start < 30
+    gen.close()
+
+
+class _TwoArgError(Exception):
+    def __init__(self, what, where):  # pickles, but cannot be unpickled from its one-element args
+        super().__init__(f"{what} at {where}")
+
+
+def _raise_two_arg_error(x):
+    if x == 13.0:
+        raise _TwoArgError("bad thirteen", "leaf")
+    return x
+
+
+def test_an_exception_that_cannot_travel_arrives_as_runtime_error_with_its_message():
+    compiler = fd.Compiler.create(fd.Map(fd.InputTransform(_raise_two_arg_error) >> fd.Scalar()) >> fd.Sum())
+    with pytest.raises((RuntimeError, _TwoArgError), match="bad thirteen at leaf") as info:
+        list(compiler.batches([[1.0], [2.0], [13.0]], 1, num_workers=2))
+    if background.uses_processes():
+        assert info.type is RuntimeError and "_TwoArgError" in str(info.value)
+        assert "Traceback" in str(info.value.__cause__)  # the worker's traceback comes along
 
 
 @pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
