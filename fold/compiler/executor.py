@@ -6,7 +6,8 @@ See ``docs/design.md``. In short:
   as that type needs rounded up to a power of two, then ``C`` dump rows.
 * Depth-1 groups read only constants; they run once, before the loop, on
   their row count padded to a power of two, and are differentiated by
-  ordinary autodiff.
+  ordinary autodiff (gathering their inputs again in the backward pass
+  rather than keeping the gathered copy).
   Tail groups (operations only a few calls from a result, such as a
   per-node readout and loss) run the same way after the loop.
 * Deeper groups are work items ``(branch, first node, count)``; the loop
@@ -35,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 __all__ = ["Executor"]
 
@@ -45,6 +47,8 @@ _LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_ou
 
 # Streams of per-call keys: loop items, hoisted and tail groups never share a key.
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
+
+_GATHERED = "fold_gathered_inputs"  # checkpoint name of a whole group's gathered input rows
 
 
 def _is_float(dtype: Any) -> bool:
@@ -121,8 +125,8 @@ class Executor:
             valid = rows < count
             idx = in_idx[jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
-            xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
-            ys = self._call(op, params, _fold(key, stream, h), xs)
+            ys = _regather_in_backward(self._call)(op, params, _fold(key, stream, h),
+                                                   {t: arenas[t] for t in set(op.in_tidx)}, idx)
             for y, (t, k) in zip(ys, op.out_slots):
                 start = groups["out"][h, self.model.slot_index[(t, k)]]
                 dest = jnp.where(valid, start + rows, S)  # S is out of bounds: dropped
@@ -299,6 +303,20 @@ class Executor:
             arenas = self._make_loop(layout)(lparams, arenas, loop_arrays, key)
         return self.run_groups(params, arenas, in_idx, arrays["tail"], layout.tail_ops, layout.tail_sizes, key,
                                _TAIL_STREAM)
+
+
+def _regather_in_backward(call: Any) -> Any:
+    """``call(op, params, rng, xs)`` on rows ``idx`` gathered from ``arenas``, differentiated
+    without keeping the gathered copy: the backward pass gathers again from the arenas (which it
+    keeps anyway) instead of holding a second copy of every input row. Everything else the op's
+    backward needs is kept as usual, so nothing but the gather is recomputed."""
+
+    def run(op, params, rng, arenas, idx):
+        xs = [checkpoint_name(arenas[t][idx[:, i]], _GATHERED) for i, t in enumerate(op.in_tidx)]
+        return call(op, params, rng, xs)
+
+    return jax.checkpoint(run, static_argnums=(0,),
+                          policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
 
 
 def _fold(key: Any, stream: int, i: Any) -> Any:
