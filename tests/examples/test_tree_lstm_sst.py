@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import pytest
 
 from examples import sst, tree_lstm_sst
 
@@ -31,9 +32,15 @@ def test_quick_run_learns(tmp_path):
     assert 1 <= report["best_epoch"] <= 3 and majority < 1
 
 
-def test_quick_run_of_the_paper_variant_with_dropout(tmp_path):
+def test_paper_flag_selects_the_paper_variant():
     args = tree_lstm_sst.parse_args(["--paper"])
     assert (args.state_size, args.recurrent_dropout, args.embed_dropout) == (300, 0.25, 0.25)
+
+
+# Slow (about a minute on a 2-core CI machine, mostly compiling the dropout
+# layouts); dropout inside the loop is covered by tests/compiler/test_randomness.py.
+@pytest.mark.slow
+def test_quick_run_of_the_paper_variant_with_dropout(tmp_path):
     report = tree_lstm_sst.main(["--quick", "--quiet", "--paper", "--data-dir", str(SAMPLE),
                                  "--json", str(tmp_path / "t.json")])
     assert report["args"]["recurrent_dropout"] == 0.25
