@@ -80,6 +80,28 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def scalar_converter(ttype: TensorType) -> Any:
+    """For a scalar int or float type, ``to_array`` with a fast path for Python numbers that are
+    already valid (kept as they are: constant tables become arrays in one go); else None."""
+    if ttype.shape != ():
+        return None
+    target = _np_dtype(ttype.dtype)
+    if target.kind in "iu":
+        low, high = _int_bounds(target)
+
+        def convert_int(x: Any) -> Any:
+            return x if type(x) is int and low <= x <= high else to_array(x, ttype)
+
+        return convert_int
+    if target.kind == "f":
+
+        def convert_float(x: Any) -> Any:
+            return x if type(x) is float else to_array(x, ttype)
+
+        return convert_float
+    return None
+
+
 def _scalar(x: int | float, ttype: TensorType) -> np.generic:
     """The common case of ``to_array``, a Python number to a scalar, without building arrays."""
     target = _np_dtype(ttype.dtype)
@@ -110,6 +132,7 @@ class Tensor(Block):
 
     def __init__(self, shape: Any, dtype: Any = "float32", name: str | None = None):
         self._ttype = TensorType(shape, dtype)
+        self._convert = scalar_converter(self._ttype) or functools.partial(to_array, ttype=self._ttype)
         super().__init__(name, PyObjectType(), self._ttype)
 
     def __repr__(self) -> str:
@@ -121,10 +144,10 @@ class Tensor(Block):
         return f"{kind}({self._name!r})" if self._name else kind
 
     def _host_leaf(self, x: Any, ctx: Any) -> int:
-        return ctx.const(self._ttype, to_array(x, self._ttype))
+        return ctx.const(self._ttype, self._convert(x))
 
     def _emit(self, em: Any, x: str) -> str:
-        return em.const(self._ttype, f"{em.bind(to_array, 'to_array')}({x}, {em.bind(self._ttype, 'type')})")
+        return em.const(self._ttype, f"{em.bind(self._convert, 'convert')}({x})")
 
 
 def Scalar(dtype: Any = "float32", name: str | None = None) -> Tensor:

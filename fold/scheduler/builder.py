@@ -103,8 +103,9 @@ class BatchBuilder:
             for key in list(memo)[n:]:
                 del memo[key]
 
-    def const(self, ttype: TensorType, value: np.ndarray | None) -> int:
-        """A depth-0 constant (``None`` means zeros)."""
+    def const(self, ttype: TensorType, value: Any) -> int:
+        """A depth-0 constant: an array of ``ttype``, a valid Python number for a scalar type
+        (tables become arrays in ``schedule``), or ``None`` for zeros."""
         return self._const_makers[self.model.type_index[ttype]](value)
 
     def const_shared(self, key: Any, ttype: TensorType, value: np.ndarray | None) -> int:
@@ -122,10 +123,8 @@ class BatchBuilder:
         if self.v_node[vid] >= 0:
             return None
         value = self.consts[self.v_type[vid]][self.v_pos[vid]]
-        if value is None:
-            t = self.model.types[self.v_type[vid]]
-            value = np.zeros(t.shape, t.dtype)
-        return value
+        t = self.model.types[self.v_type[vid]]
+        return np.zeros(t.shape, t.dtype) if value is None else np.asarray(value, t.dtype)
 
     def call(self, block: Any, x: Any) -> Any:
         """Records one call of ``block``'s operation on host value ``x``."""

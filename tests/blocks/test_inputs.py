@@ -112,3 +112,22 @@ def test_out_of_range_integers_are_value_errors_not_wrapped():
         with pytest.raises(ValueError, match="does not fit in int32"):
             to_array(x, fd.TensorType(np.shape(x), "int32"))
     assert to_array(2**70, fd.TensorType((), "float32")) == np.float32(2.0**70)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint8", "float32", "float64"])
+def test_scalar_fast_path_agrees_with_to_array(dtype):
+    from fold.blocks.inputs import scalar_converter, to_array
+
+    t = fd.TensorType((), dtype)
+    convert = scalar_converter(t)
+    for x in [0, 7, -3, 255, 256, 2**31, -(2**31) - 1, 1.0, 2.5, float("nan"), True, np.int64(4), "3", None]:
+        try:
+            want = to_array(x, t)
+        except (TypeError, ValueError) as e:
+            with pytest.raises(type(e)):
+                convert(x)
+            continue
+        got = np.asarray(convert(x), t.dtype)  # what the constant table becomes
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+    assert scalar_converter(fd.TensorType((2,), dtype)) is None

@@ -95,7 +95,7 @@ def test_deep_example_is_rolled_back_and_walked():
     builder = assert_plan_matches_walk(compiler, examples)
     assert builder.max_depth > MAX_PLAN_DEPTH
     # The shared FromTensor constant survives the rollback: one per batch.
-    assert sum(c is not None and c.shape == () and float(c) == 0.5 for c in builder.consts[0]) == 1
+    assert sum(c is not None and np.shape(c) == () and float(c) == 0.5 for c in builder.consts[0]) == 1
     value = 1.0
     for _ in range(MAX_PLAN_DEPTH + 50):
         value = 0.5 * (2.0 + value)
