@@ -38,6 +38,18 @@ def test_workers_build_the_same_batches_in_order():
     np.testing.assert_allclose(out, [3.0 * i * (i % 7) for i in range(101)])
 
 
+def test_two_interleaved_streams_each_get_their_own_batches():
+    # Two pools alive at once (say training and evaluation batches): the second
+    # pool's workers are forked while the first pool's pipes are open.
+    compiler = _model()
+    a = [[float(i)] * (i % 5) for i in range(40)]
+    b = [[float(-i)] * (i % 3 + 1) for i in range(40)]
+    pairs = list(zip(compiler.batches(a, 4, num_workers=2), compiler.batches(b, 8, num_workers=2)))
+    assert len(pairs) == 5
+    for (x, y), ra, rb in zip(pairs, compiler.batches(a, 4), compiler.batches(b, 8)):
+        assert _arrays_equal(x, ra) and _arrays_equal(y, rb)
+
+
 def test_a_bad_example_raises_in_the_consumer_with_its_natural_type():
     compiler = _model()
     data = [[1.0]] * 20 + [[1.0, "x"]] + [[2.0]] * 20
