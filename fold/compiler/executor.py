@@ -64,6 +64,7 @@ class Executor:
         self.types = model.types
         self.ops = model.ops
         self.sizes = model.item_sizes
+        self._call_on_rows = _regather_in_backward(self._call)
 
     # ------------------------------------------------------------- helpers
     def _params_for(self, op: Any, params: Any) -> Any:
@@ -125,8 +126,7 @@ class Executor:
             valid = rows < count
             idx = in_idx[jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
-            ys = _regather_in_backward(self._call)(op, params, _fold(key, stream, h),
-                                                   {t: arenas[t] for t in set(op.in_tidx)}, idx)
+            ys = self._call_on_rows(op, params, _fold(key, stream, h), {t: arenas[t] for t in set(op.in_tidx)}, idx)
             for y, (t, k) in zip(ys, op.out_slots):
                 start = groups["out"][h, self.model.slot_index[(t, k)]]
                 dest = jnp.where(valid, start + rows, S)  # S is out of bounds: dropped

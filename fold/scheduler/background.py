@@ -160,29 +160,31 @@ class _Workers:
                 proc.join()
 
 
+def _in_order(n: int, window: int, submit: Any, result: Any) -> Iterator[Any]:
+    """``result(i)`` for ``i`` in ``range(n)``, keeping up to ``window`` chunks submitted ahead."""
+    submitted = 0
+    for i in range(n):
+        while submitted < n and submitted - i < window:
+            submit(submitted)
+            submitted += 1
+        yield result(i)
+
+
 def _with_threads(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int) -> Iterator[Any]:
     pool = ThreadPoolExecutor(num_workers)
     pending: deque = deque()
-    submitted = 0
     try:
-        while submitted < len(chunks) or pending:
-            while submitted < len(chunks) and len(pending) < num_workers + ahead:
-                pending.append(pool.submit(compiler._build_batch, chunks[submitted]))
-                submitted += 1
-            yield pending.popleft().result()
+        yield from _in_order(len(chunks), num_workers + ahead,
+                             lambda j: pending.append(pool.submit(compiler._build_batch, chunks[j])),
+                             lambda i: pending.popleft().result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _with_processes(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int) -> Iterator[Any]:
     workers = _Workers(compiler, chunks, num_workers)
-    submitted = 0
     try:
-        for i in range(len(chunks)):
-            while submitted < len(chunks) and submitted - i < num_workers + ahead:
-                workers.submit(submitted)
-                submitted += 1
-            yield workers.result(i)
+        yield from _in_order(len(chunks), num_workers + ahead, workers.submit, workers.result)
     finally:
         workers.stop()
 
