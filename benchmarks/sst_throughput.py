@@ -38,6 +38,7 @@ from benchmarks import models, sst_peers
 from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
+from fold.compiler.compiler import BACKWARDS
 
 LEARNING_RATE = 0.05
 GOALS = {"batch_size": 64, "hidden": 150, "vs_torch_eager": 10.0, "vs_torch_levels": 1.5, "trees_per_s": 900}
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trees", type=int, default=2048, help="training trees per fold and level-batching run")
     p.add_argument("--peer-trees", type=int, default=256, help="trees for PyTorch eager (slow)")
     p.add_argument("--jax-trees", type=int, default=16, help="trees for JAX jit per tree (compiles per shape)")
+    p.add_argument("--backward", choices=BACKWARDS, default="recompute", help="fold's backward through the loop")
     p.add_argument("--workers", type=int, default=1, help="worker processes for the background run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-peers", action="store_true", help="measure fold only")
@@ -76,7 +78,8 @@ def rate(seconds: float, trees: int) -> float:
 def measure_fold(trees: list, word_idx: dict, batch_size: int, hidden: int,
                  args: argparse.Namespace) -> tuple[dict[str, Any], dict]:
     """fold's host, device and end-to-end trees/s for one (batch size, hidden) pair, and its initial params."""
-    compiler = fd.Compiler.create(models.sst_model(word_idx, state_size=hidden, embed_size=args.embed_size))
+    compiler = fd.Compiler.create(models.sst_model(word_idx, state_size=hidden, embed_size=args.embed_size),
+                                  backward=args.backward)
     params = compiler.init(jax.random.key(0))
     optimizer = optax.sgd(LEARNING_RATE)
     opt_state = optimizer.init(params)

@@ -42,6 +42,7 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
 from examples.common import print_table
+from fold.compiler.compiler import BACKWARDS
 
 PAPER_COST_RATIO_CPU = {1024: 1.27, 1: 0.49}
 PAPER_SPEEDUP_CPU = 28.9
@@ -55,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leaves", type=int, default=128)
     p.add_argument("--hidden", type=int, default=256, help="H (the paper used 1024 on its machines)")
     p.add_argument("--chunk-size", type=int, default=128, help="fold's C, rows per loop iteration")
+    p.add_argument("--backward", choices=BACKWARDS, default="recompute",
+                   help="fold's backward through the loop (Compiler.create's backward; train mode only)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     add_run_flags(p, "table1_MODE", "tiny trees and batches", data_dir=False)
@@ -197,7 +200,8 @@ def check_outputs(compiler: fd.Compiler, params: dict, rng: random.Random, leave
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    compiler = fd.Compiler.create(models.table1_model(args.hidden, args.leaves), chunk_size=args.chunk_size)
+    compiler = fd.Compiler.create(models.table1_model(args.hidden, args.leaves), chunk_size=args.chunk_size,
+                                  backward=args.backward)
     params = compiler.init(jax.random.key(args.seed))
     rng = random.Random(args.seed)
     error = check_outputs(compiler, params, rng, args.leaves)

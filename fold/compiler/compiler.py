@@ -43,6 +43,8 @@ from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
 
 __all__ = ["Compiler"]
 
+BACKWARDS = ("recompute", "save")  # how the loop's backward pass gets each item's vjp
+
 
 class CompiledOp:
     """An operation with its arena slots resolved."""
@@ -115,17 +117,25 @@ class Compiler:
             raise TypeError("use fd.Compiler.create(block) to make a Compiler")
 
     @classmethod
-    def create(cls, root_block: Any, chunk_size: int = 128) -> Compiler:
+    def create(cls, root_block: Any, chunk_size: int = 128, backward: str = "recompute") -> Compiler:
         """Validates and type-checks ``root_block`` and enumerates its operations.
 
         ``chunk_size`` is C, the rows per loop iteration (128 suits CPUs).
+        ``backward`` picks how gradients of the loop are computed:
+        ``"recompute"`` runs each loop item's forward pass again before its
+        ``vjp`` (memory stays at the arenas), ``"save"`` keeps what each item's
+        ``vjp`` needs per row from the forward pass (faster training, several
+        times the arenas' memory for cells like an LSTM's).
         """
-        return cls._create(root_block, any_root=False, chunk_size=chunk_size)
+        return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward)
 
     @classmethod
-    def _create(cls, root_block: Any, any_root: bool, chunk_size: int = 128) -> Compiler:
+    def _create(cls, root_block: Any, any_root: bool, chunk_size: int = 128,
+                backward: str = "recompute") -> Compiler:
         if chunk_size < MIN_ITEM or chunk_size & (chunk_size - 1):
             raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM}, got {chunk_size}")
+        if backward not in BACKWARDS:
+            raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
         self = cls(_internal=True)
         root = convert_to_block(root_block)
         if root.input_type is None:
@@ -156,6 +166,7 @@ class Compiler:
                 raise TypeError(f"the root {root!r} outputs void and has no Metric: it computes nothing")
         self.root = root
         self.chunk = chunk_size
+        self.backward = backward
         self.item_sizes = tuple(s for s in (2 ** k for k in range(3, 31)) if s <= chunk_size)
 
         # Arena types: every tensor type that appears anywhere.

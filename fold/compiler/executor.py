@@ -50,6 +50,12 @@ _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 
 _GATHERED = "fold_gathered_inputs"  # checkpoint name of a whole group's gathered input rows
 
+# What ``backward="save"`` keeps of a loop item: its matmuls' outputs. The backward pass recomputes
+# the rest (elementwise work, concatenations, the gathered inputs) from them, which costs little next
+# to the matmuls and keeps a Tree-LSTM cell's saved rows at its gates (5H) instead of every
+# intermediate autodiff would keep.
+_SAVED = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
 
 def _is_float(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
@@ -64,6 +70,7 @@ class Executor:
         self.types = model.types
         self.ops = model.ops
         self.sizes = model.item_sizes
+        self.backward = model.backward
         self._call_on_rows = _regather_in_backward(self._call)
 
     # ------------------------------------------------------------- helpers
@@ -90,15 +97,50 @@ class Executor:
 
     def _call(self, op: Any, params: Any, rng: Any, xs: list) -> list:
         """Runs ``op``, checking its results against its declared types."""
-        ys = op.spec.fn(self._params_for(op, params), rng, *xs)
-        for y, t in zip(ys, op.spec.out_types):
-            if y.shape[1:] != t.shape or y.dtype != t.dtype:
-                raise TypeError(
-                    f"{op.spec.label} returned {y.dtype}{list(y.shape[1:])} but its type is {t}: were the "
-                    "params made by compiler.init (same dtypes and shapes)?"
-                )
-        return ys
+        return _check(op, op.spec.fn(self._params_for(op, params), rng, *xs))
 
+    def _vjp(self, op: Any, p: Any, rng: Any, xs: list, float_types: Any) -> tuple:
+        """``op``'s outputs, its ``vjp`` in ``(p, *float inputs)`` (other inputs held fixed) and
+        the positions of those float inputs."""
+        diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
+
+        def f(p, *dxs):
+            full = list(xs)
+            for i, dx in zip(diff, dxs):
+                full[i] = dx
+            return op.spec.fn(p, rng, *full)
+
+        if self.backward == "save":
+            f = jax.checkpoint(f, prevent_cse=False, policy=_SAVED)
+        ys, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
+        return ys, vjp, diff
+
+    def _saved_leaves(self, op: Any, p: Any, rng: Any, float_types: Any) -> tuple:
+        """The leaves of ``op``'s ``vjp`` that the forward loop saves, as ``(leaf index, row
+        shape, dtype)``: those with one row per item row at every item size (so they can live in
+        an arena-like buffer), except the input rows themselves (the backward gathers those
+        again). Leaves that are not per row (parameters, their transposes) are cheap to
+        recompute. Empty when the leaves do not line up across item sizes."""
+        per_size = []
+        for size in (*self.sizes, 2 * self.sizes[-1]):  # 2C: a parameter can't match every size
+            is_input: list = []
+
+            def leaves(p, rng, *xs):
+                out = jax.tree_util.tree_leaves(self._vjp(op, p, rng, list(xs), float_types)[1])
+                is_input.extend(any(leaf is x for x in xs) for leaf in out)
+                return out
+
+            xs = [jax.ShapeDtypeStruct((size, *self.types[t].shape), self.types[t].dtype) for t in op.in_tidx]
+            shapes = jax.eval_shape(leaves, _abstract(p), _abstract(rng), *xs)
+            per_size.append([(s.shape[:1] == (size,), s.shape[1:], s.dtype, inp)
+                             for s, inp in zip(shapes, is_input)])
+        if len({len(leaves) for leaves in per_size}) != 1:
+            return ()
+        saved = []
+        for j, seen in enumerate(zip(*per_size)):
+            if all(per_row and not inp for per_row, _, _, inp in seen) and len({(r, d) for _, r, d, _ in seen}) == 1:
+                saved.append((j, seen[0][1], seen[0][2]))
+        return tuple(saved)
     # ------------------------------------------------------------- forward
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
         """One ``[rows + C, *shape]`` arena per type (``rows = layout.arena_rows[t]``),
@@ -135,81 +177,124 @@ class Executor:
                 arenas[t] = arenas[t].at[dest].set(y, mode="drop")
         return arenas
 
-    def _forward_branches(self, layout: Any, k_out: dict) -> list:
+    def _plans(self, layout: Any, lparams: Any, key: Any, float_types: Any) -> dict:
+        """Per loop operation (by position in ``layout.loop_ops``), the ``vjp`` leaves its
+        forward items save (see ``_saved_leaves``); empty unless the backward is ``"save"``."""
+        if self.backward != "save":
+            return {}
+        rng = None if key is None else jax.eval_shape(lambda k: _fold(k, _LOOP_STREAM, 0), key)
+        plans = {}
+        for q, o in enumerate(layout.loop_ops):
+            op = self.ops[o]
+            saved = self._saved_leaves(op, _abstract(self._params_for(op, lparams)), rng, float_types)
+            if saved and op.out_slots:
+                plans[q] = saved
+        return plans
+
+    def _saved_start(self, layout: Any, arrays: dict, i: Any, q: int) -> tuple[Any, int]:
+        """Where item ``i`` keeps its saved leaves in the buffers of loop operation ``q``: the row
+        of its first output in that output's arena, or the dump rows if the item is another
+        operation's. Also the buffers' rows before their ``C`` dump rows."""
+        op = self.ops[layout.loop_ops[q]]
+        rows = layout.arena_rows[op.out_slots[0][0]]
+        mine = arrays["items_branch"][i] // len(self.sizes) == q
+        return jnp.where(mine, arrays["items_out"][i, self.model.slot_index[op.out_slots[0]]], rows), rows
+
+    def _forward_branches(self, layout: Any, k_out: dict, plans: dict, float_types: Any) -> list:
         C = self.chunk
         branches = []
-        for o in layout.loop_ops:
+        for q, o in enumerate(layout.loop_ops):
             op = self.ops[o]
             for size in self.sizes:
-                def branch(lparams, rng, arenas, in_idx, first, count, op=op, size=size):
+                def branch(lparams, rng, arenas, in_idx, first, count, op=op, q=q, size=size):
                     xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
-                    ys = self._call(op, lparams, rng, xs)
+                    saved = {r: [jnp.zeros((C, *shape), dtype) for _, shape, dtype in leaves]
+                             for r, leaves in plans.items()}
+                    if q in plans:
+                        ys, vjp, _ = self._vjp(op, self._params_for(op, lparams), rng, xs, float_types)
+                        ys = _check(op, ys)
+                        leaves = jax.tree_util.tree_leaves(vjp)
+                        saved[q] = [s.at[:size].set(leaves[j]) for s, (j, _, _) in zip(saved[q], plans[q])]
+                    else:
+                        ys = self._call(op, lparams, rng, xs)
                     out = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
                            for t, k in k_out.items()}
                     for y, (t, k) in zip(ys, op.out_slots):
                         out[t] = out[t].at[k, :size].set(y)
-                    return out
+                    return out, saved
                 branches.append(branch)
         return branches
 
-    def _forward_loop(self, lparams: Any, arenas: dict, arrays: dict, layout: Any, key: Any) -> dict:
+    def _forward_loop(self, lparams: Any, arenas: dict, arrays: dict, layout: Any, key: Any,
+                      plans: dict) -> tuple[dict, dict]:
+        """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
-        branches = self._forward_branches(layout, k_out)
+        float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
+        branches = self._forward_branches(layout, k_out, plans, float_types)
         slot_index = self.model.slot_index
+        saved0 = {q: [jnp.zeros((self._saved_start(layout, arrays, 0, q)[1] + self.chunk, *shape), dtype)
+                      for _, shape, dtype in leaves] for q, leaves in plans.items()}
 
         def body(state):
-            i, arenas = state
-            chunks = lax.switch(arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i),
-                                arenas, arrays["in_idx"],
-                                arrays["items_node"][i], arrays["items_count"][i])
+            i, arenas, saved = state
+            chunks, saved_chunks = lax.switch(arrays["items_branch"][i], branches, lparams,
+                                              _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
+                                              arrays["items_node"][i], arrays["items_count"][i])
             arenas = dict(arenas)
             for t, k_max in k_out.items():
                 zeros = (_I0,) * len(self.types[t].shape)
                 for k in range(k_max):
                     start = arrays["items_out"][i, slot_index[(t, k)]]
                     arenas[t] = lax.dynamic_update_slice(arenas[t], chunks[t][k], (start, *zeros))
-            return i + 1, arenas
+            saved = {q: [lax.dynamic_update_slice(b, c, (self._saved_start(layout, arrays, i, q)[0],
+                                                         *(_I0,) * (b.ndim - 1)))
+                         for b, c in zip(saved[q], saved_chunks[q])] for q in saved}
+            return i + 1, arenas, saved
 
-        _, arenas = lax.while_loop(lambda s: s[0] < arrays["n_items"], body, (jnp.int32(0), arenas))
-        return arenas
+        _, arenas, saved = lax.while_loop(lambda s: s[0] < arrays["n_items"], body,
+                                          (jnp.int32(0), arenas, saved0))
+        return arenas, saved
 
     # ------------------------------------------------------------ backward
-    def _backward_branches(self, layout: Any, k_out: dict, k_in: dict, float_types: list) -> list:
+    def _backward_branches(self, layout: Any, k_in: dict, float_types: list, plans: dict) -> list:
         C = self.chunk
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
         branches = []
-        for o in layout.loop_ops:
+        for q, o in enumerate(layout.loop_ops):
             op = self.ops[o]
             for size in self.sizes:
-                def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, op=op, size=size):
+                def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, saved, op=op, q=q, size=size):
                     xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
-                    diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
 
-                    def f(p, *dxs):
-                        full = list(xs)
-                        for i, dx in zip(diff, dxs):
-                            full[i] = dx
-                        return op.spec.fn(p, rng, *full)
+                    def rows_mask(x):
+                        return valid.reshape((size,) + (1,) * (x.ndim - 1))
 
                     p = self._params_for(op, lparams)
-                    _, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
+                    _, vjp, diff = self._vjp(op, p, rng, xs, float_types)
+                    if q in plans:
+                        # The saved leaves replace their recomputation, which XLA then drops.
+                        # Padded rows take the first row's, as in the forward loop (the buffer
+                        # holds those or a later item's rows there).
+                        leaves, tree = jax.tree_util.tree_flatten(vjp)
+                        for (j, _, _), s in zip(plans[q], saved[q]):
+                            rows = s[:size]
+                            leaves[j] = jnp.where(rows_mask(rows), rows, rows[:1])
+                        vjp = jax.tree_util.tree_unflatten(tree, leaves)
                     cts = []
                     for t, k in op.out_slots:
-                        shape = (size, *self.types[t].shape)
                         if t in float_types:
                             ct = ct_chunks[t][k, :size]
-                            mask = valid.reshape((size,) + (1,) * (ct.ndim - 1))
-                            cts.append(jnp.where(mask, ct, jnp.zeros((), ct.dtype)))
+                            cts.append(jnp.where(rows_mask(ct), ct, jnp.zeros((), ct.dtype)))
                         else:
-                            cts.append(np.zeros(shape, jax.dtypes.float0))
+                            cts.append(np.zeros((size, *self.types[t].shape), jax.dtypes.float0))
                     p_ct, *x_cts = vjp(cts)
                     in_cts = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
                               for t, k in k_in.items()}
                     in_rows = {t: jnp.full((k, C), dump[t], jnp.int32) for t, k in k_in.items()}
                     for i, x_ct in zip(diff, x_cts):
                         t, k = op.in_slots[i]
-                        mask = valid.reshape((size,) + (1,) * (x_ct.ndim - 1))
-                        in_cts[t] = in_cts[t].at[k, :size].set(jnp.where(mask, x_ct, jnp.zeros((), x_ct.dtype)))
+                        in_cts[t] = in_cts[t].at[k, :size].set(jnp.where(rows_mask(x_ct), x_ct,
+                                                                         jnp.zeros((), x_ct.dtype)))
                         in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], dump[t]))
                     p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, v) for name, v in lparams.items()}
                     if op.layer is not None:
@@ -219,11 +304,12 @@ class Executor:
                 branches.append(branch)
         return branches
 
-    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: dict, layout: Any, key: Any) -> tuple:
+    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: dict, layout: Any, key: Any,
+                       plans: dict, saved: dict) -> tuple:
         float_types = sorted(ct)
         k_out = self._slots(layout.loop_ops, "out_slots")
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
-        branches = self._backward_branches(layout, k_out, k_in, float_types)
+        branches = self._backward_branches(layout, k_in, float_types, plans)
         slot_index = self.model.slot_index
         C = self.chunk
 
@@ -238,9 +324,11 @@ class Executor:
                     lax.dynamic_slice(ct[t], (arrays["items_out"][i, slot_index[(t, k)]], *(_I0,) * len(shape)),
                                       (C, *shape))
                     for k in range(k_max)])
+            saved_chunks = {q: [lax.dynamic_slice_in_dim(b, self._saved_start(layout, arrays, i, q)[0], C)
+                                for b in saved[q]] for q in saved}
             in_cts, in_rows, p_ct = lax.switch(
                 arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
-                arrays["items_node"][i], arrays["items_count"][i], ct_chunks)
+                arrays["items_node"][i], arrays["items_count"][i], ct_chunks, saved_chunks)
             ct = dict(ct)
             for t in in_cts:
                 ct[t] = ct[t].at[in_rows[t]].add(in_cts[t])
@@ -258,20 +346,26 @@ class Executor:
         def join(f: dict, i: dict) -> dict:
             return {**f, **i}
 
+        def forward(lparams, f_arenas, i_arenas, arrays, plans):
+            out, saved = self._forward_loop(lparams, join(f_arenas, i_arenas), arrays, layout, arrays["key"], plans)
+            return ({t: out[t] for t in float_ids}, {t: out[t] for t in int_ids}), saved
+
         # ``key`` rides in ``arrays`` (non-differentiable); None means deterministic.
         @jax.custom_vjp
         def loop(lparams, f_arenas, i_arenas, arrays):
-            out = self._forward_loop(lparams, join(f_arenas, i_arenas), arrays, layout, arrays["key"])
-            return {t: out[t] for t in float_ids}, {t: out[t] for t in int_ids}
+            return forward(lparams, f_arenas, i_arenas, arrays, {})[0]
 
         def loop_fwd(lparams, f_arenas, i_arenas, arrays):
-            out = loop(lparams, f_arenas, i_arenas, arrays)
-            return out, (lparams, out, arrays)
+            out, saved = forward(lparams, f_arenas, i_arenas, arrays,
+                                 self._plans(layout, lparams, arrays["key"], float_ids))
+            return out, (lparams, out, arrays, saved)
 
         def loop_bwd(res, cts):
-            lparams, (f_out, i_out), arrays = res
+            lparams, (f_out, i_out), arrays, saved = res
             ct_f, _ = cts
-            p_ct, ct = self._backward_loop(lparams, join(f_out, i_out), dict(ct_f), arrays, layout, arrays["key"])
+            plans = self._plans(layout, lparams, arrays["key"], float_ids)
+            p_ct, ct = self._backward_loop(lparams, join(f_out, i_out), dict(ct_f), arrays, layout, arrays["key"],
+                                           plans, saved)
             return p_ct, ct, None, None
 
         loop.defvjp(loop_fwd, loop_bwd)
@@ -317,6 +411,22 @@ def _regather_in_backward(call: Any) -> Any:
 
     return jax.checkpoint(run, static_argnums=(0,),
                           policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
+
+
+def _check(op: Any, ys: list) -> list:
+    """``op``'s results ``ys``, checked against its declared types."""
+    for y, t in zip(ys, op.spec.out_types):
+        if y.shape[1:] != t.shape or y.dtype != t.dtype:
+            raise TypeError(
+                f"{op.spec.label} returned {y.dtype}{list(y.shape[1:])} but its type is {t}: were the "
+                "params made by compiler.init (same dtypes and shapes)?"
+            )
+    return ys
+
+
+def _abstract(tree: Any) -> Any:
+    """``tree`` with its arrays (or tracers) replaced by their shapes and dtypes."""
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
 
 def _fold(key: Any, stream: int, i: Any) -> Any:
