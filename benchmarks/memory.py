@@ -6,7 +6,8 @@ on batches of ``--batch-size`` real SST trees. For each batch:
 - **activation bytes**: the rows the schedule really fills, over every
   arena (constants and every node's outputs) times their row size: the
   values a reverse-mode pass must keep, since fold recomputes everything
-  else in its backward loop;
+  else in its backward loop (with ``--backward save`` it also keeps each
+  loop item's matmul outputs: more memory, which this measures);
 - **arena bytes**: what the executor allocates for them (``A + C`` rows per
   type; ``A`` is the batch's power-of-two size class);
 - **step temporaries**: XLA's buffer assignment for the compiled step
@@ -35,6 +36,7 @@ from benchmarks import models
 from benchmarks.common import add_run_flags, figure, plot_path, write_results
 from examples import sst
 from examples.common import make_train_step, print_table
+from fold.compiler.compiler import BACKWARDS
 
 GOAL = 1.5
 
@@ -45,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=4, help="random batches to measure")
     p.add_argument("--hidden", type=int, default=150)
     p.add_argument("--embed-size", type=int, default=100)
+    p.add_argument("--backward", choices=BACKWARDS, default="recompute",
+                   help="fold's backward through the loop (results go to memory_save.json for save)")
     add_run_flags(p, "memory", "the committed sample, tiny model")
     args = p.parse_args(argv)
     if args.quick:
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     all_trees = sst.load("train", args.data_dir)
     rng = random.Random(0)
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(all_trees), state_size=args.hidden,
-                                                   embed_size=args.embed_size))
+                                                   embed_size=args.embed_size), backward=args.backward)
     params = compiler.init(jax.random.key(0))
     optimizer = optax.sgd(0.05)
     opt_state = optimizer.init(params)
@@ -99,14 +103,15 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"batch {i + 1}/{args.batches}: compiling the step to read its buffer assignment ...", flush=True)
         rows.append(measure(compiler, step, params, opt_state, rng.sample(all_trees, args.batch_size)))
     mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
-    print_table(f"SST training step at batch {args.batch_size}, H={args.hidden} (MiB)",
+    print_table(f"SST training step at batch {args.batch_size}, H={args.hidden}, backward={args.backward} (MiB)",
                 ["nodes", "A", "occupancy", "activations", "arenas", "step temporaries", "temp / activations"],
                 [[r["nodes"], r["size_class"], f"{r['occupancy']:.2f}", mb(r["activation_bytes"]),
                   mb(r["arena_bytes"]), mb(r["temp_bytes"]), f"{r['ratio']:.2f}"] for r in rows])
     worst = max(r["ratio"] for r in rows)
     print(f"\nworst ratio {worst:.2f} (goal <= {GOAL}); parameters {mb(rows[0]['params_bytes'])} MiB")
     results = {"args": vars(args), "goal": GOAL, "worst_ratio": worst, "batches": rows}
-    path = write_results("memory_quick" if args.quick else "memory", results, args.json)
+    name = "memory" + ("_save" if args.backward == "save" else "") + ("_quick" if args.quick else "")
+    path = write_results(name, results, args.json)
     plot(rows, plot_path(path))
     print(f"\nresults written to {path} and {plot_path(path).name}")
     return results
