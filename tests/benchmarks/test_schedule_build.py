@@ -30,7 +30,9 @@ def test_quick_run(tmp_path):
     # A 16-leaf tree has 15 pair nodes and 16 leaf lookups.
     assert results["random_trees"]["nodes_per_batch"] == 16 * 31
     assert 0 < results["sst"]["host_share_of_step"] < 1
-    assert 0 <= results["sst"]["host_share_with_1_worker"] < 1 and results["sst"]["step_seconds_with_1_worker"] > 0
+    assert results["sst"]["step_batches"] == 2
+    for how in ("in_loop", "with_1_worker"):
+        assert 0 <= results["sst"][f"host_share_{how}"] < 1 and results["sst"][f"step_seconds_{how}"] > 0
     saved = json.loads(out.read_text())
     assert saved["machine"]["cores"] >= 1 and saved["sst"]["nodes"] == results["sst"]["nodes"]
     assert out.with_suffix(".png").stat().st_size > 1000
