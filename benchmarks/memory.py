@@ -67,7 +67,7 @@ def measure(compiler: fd.Compiler, step: Any, params: Any, opt_state: Any, trees
     batch = compiler.build_batch(trees)
     sizes = [row_bytes(t) for t in compiler.types]
     rows = batch.stats.type_rows
-    allocated = [r + compiler.chunk for r in batch.layout.arena_rows]
+    allocated = [r + batch.layout.chunk for r in batch.layout.arena_rows]
     floats = [i for i, t in enumerate(compiler.types) if jax.numpy.issubdtype(t.dtype, jax.numpy.inexact)]
     compiled = step.lower(params, opt_state, batch, jax.random.key(0)).compile()
     analysis = compiled.memory_analysis()

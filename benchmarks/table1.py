@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1024, 512, 256, 128, 64, 32, 1])
     p.add_argument("--leaves", type=int, default=128)
     p.add_argument("--hidden", type=int, default=256, help="H (the paper used 1024 on its machines)")
-    p.add_argument("--chunk-size", type=int, default=128, help="fold's C, rows per loop iteration")
+    p.add_argument("--chunk-size", type=int, nargs="+", default=[128, 512],
+                   help="fold's candidates for C, the most rows per loop iteration (Compiler.create's chunk_size)")
     p.add_argument("--backward", choices=BACKWARDS, default="recompute",
                    help="fold's backward through the loop (Compiler.create's backward; train mode only)")
     p.add_argument("--repeats", type=int, default=5)
@@ -182,7 +183,8 @@ def run_batch_size(b: int, args: argparse.Namespace, compiler: fd.Compiler, para
         build = median_seconds(lambda: compiler.build_batch(trees), max(1, args.repeats // 2))
         batch = jax.device_put(host)  # on the device, like manual's ids
         row[name] = {**timed(fold_run, params, batch, args.repeats), "build_s": build,
-                     "nodes": host.stats.num_nodes, "size_class": host.layout.size_class}
+                     "nodes": host.stats.num_nodes, "size_class": host.layout.size_class,
+                     "chunk": host.layout.chunk}
     for name in ("manual", "dynamic", "full_dynamic"):
         row[name]["per_tree_s"] = row[name]["seconds"] / b
     row["cost_ratio"] = row["dynamic"]["seconds"] / manual["seconds"]
@@ -229,12 +231,12 @@ def main(argv: list[str] | None = None) -> dict:
     ms = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
     print_table(f"Table 1, {args.mode}, {args.leaves}-leaf trees, H={args.hidden} (ms; per tree in brackets)",
                 ["batch", "manual", "dynamic", "full dynamic", "cost ratio", "speedup ratio", "full/dyn",
-                 "build (dyn)"],
+                 "build (dyn)", "C"],
                 [[r["batch_size"], f"{ms(r['manual']['seconds'])} ({ms(r['manual']['per_tree_s'])})",
                   f"{ms(r['dynamic']['seconds'])} ({ms(r['dynamic']['per_tree_s'])})",
                   f"{ms(r['full_dynamic']['seconds'])} ({ms(r['full_dynamic']['per_tree_s'])})",
                   f"{r['cost_ratio']:.2f}", f"{r['speedup_ratio']:.1f}x" if r["speedup_ratio"] else "-",
-                  f"{r['full_vs_dynamic']:.2f}", ms(r["dynamic"]["build_s"])] for r in rows])
+                  f"{r['full_vs_dynamic']:.2f}", ms(r["dynamic"]["build_s"]), r["dynamic"]["chunk"]] for r in rows])
     print(f"\nat batch {largest['batch_size']}: fold {efficiency['fold_flops_per_s'] / 1e9:.1f} GFLOP/s, manual "
           f"{efficiency['manual_flops_per_s'] / 1e9:.1f}, the cell's two matmuls alone on independent rows "
           f"{efficiency['matmul_flops_per_s'] / 1e9:.1f} (best of rows {', '.join(limit)}): fold reaches "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -117,23 +117,30 @@ class Compiler:
             raise TypeError("use fd.Compiler.create(block) to make a Compiler")
 
     @classmethod
-    def create(cls, root_block: Any, chunk_size: int = 128, backward: str = "recompute") -> Compiler:
+    def create(cls, root_block: Any, chunk_size: int | Sequence[int] = (128, 512),
+               backward: str = "recompute") -> Compiler:
         """Validates and type-checks ``root_block`` and enumerates its operations.
 
-        ``chunk_size`` is C, the rows per loop iteration (128 suits CPUs).
+        ``chunk_size`` is C, the most rows a loop iteration runs, or several
+        candidates: each batch then uses the largest whose loop items would
+        mostly be full (large batches of large trees), else the smallest
+        (C = 128 suits CPUs; 512 runs large groups faster). Each C a stream
+        of batches uses is one more layout to compile.
         ``backward`` picks how gradients of the loop are computed:
         ``"recompute"`` runs each loop item's forward pass again before its
-        ``vjp`` (memory stays at the arenas), ``"save"`` keeps what each item's
-        ``vjp`` needs per row from the forward pass (faster training, several
-        times the arenas' memory for cells like an LSTM's).
+        ``vjp`` (memory stays at the arenas), ``"save"`` keeps each item's
+        matmul outputs from the forward pass (no faster on the CPUs we
+        measured, several times the arenas' memory for LSTM cells).
         """
         return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward)
 
     @classmethod
-    def _create(cls, root_block: Any, any_root: bool, chunk_size: int = 128,
+    def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = (128, 512),
                 backward: str = "recompute") -> Compiler:
-        if chunk_size < MIN_ITEM or chunk_size & (chunk_size - 1):
-            raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM}, got {chunk_size}")
+        sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)
+        if not sizes or any(not isinstance(c, (int, np.integer)) or c < MIN_ITEM or c & (c - 1) for c in sizes):
+            raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM} or a sequence of them, "
+                             f"got {chunk_size!r}")
         if backward not in BACKWARDS:
             raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
         self = cls(_internal=True)
@@ -165,9 +172,8 @@ class Compiler:
             if isinstance(out, VoidType) and not metric_blocks:
                 raise TypeError(f"the root {root!r} outputs void and has no Metric: it computes nothing")
         self.root = root
-        self.chunk = chunk_size
+        self.chunk_sizes = tuple(sorted({int(c) for c in sizes}))
         self.backward = backward
-        self.item_sizes = tuple(s for s in (2 ** k for k in range(3, 31)) if s <= chunk_size)
 
         # Arena types: every tensor type that appears anywhere.
         tensor_types: list[TensorType] = []
@@ -278,7 +284,7 @@ class Compiler:
                 for value in outputs:
                     for leaf, vid in enumerate(flatten_value(value)):
                         roots[leaf].append(vid)
-            batch = schedule(builder, roots, len(outputs), self.chunk, keep_host)
+            batch = schedule(builder, roots, len(outputs), self.chunk_sizes, keep_host)
         return batch, builder, outputs
 
     def build_batch(self, examples: Iterable[Any]) -> Batch:
@@ -391,7 +397,7 @@ class Compiler:
         builder = BatchBuilder(self)
         builder.example_index = None
         value = builder.run(example)
-        batch = schedule(builder, [], 1, self.chunk, keep_host=True)
+        batch = schedule(builder, [], 1, self.chunk_sizes, keep_host=True)
         host = batch.host
         arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}
 

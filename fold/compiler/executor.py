@@ -38,6 +38,8 @@ import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from fold.scheduler.schedule import item_sizes
+
 __all__ = ["Executor"]
 
 # Index literals must match the int32 index arrays, also when x64 is on.
@@ -66,10 +68,8 @@ class Executor:
 
     def __init__(self, model: Any):
         self.model = model
-        self.chunk = model.chunk
         self.types = model.types
         self.ops = model.ops
-        self.sizes = model.item_sizes
         self.backward = model.backward
         self._call_on_rows = _regather_in_backward(self._call)
 
@@ -115,14 +115,14 @@ class Executor:
         ys, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
         return ys, vjp, diff
 
-    def _saved_leaves(self, op: Any, p: Any, rng: Any, float_types: Any) -> tuple:
+    def _saved_leaves(self, op: Any, p: Any, rng: Any, float_types: Any, sizes: tuple) -> tuple:
         """The leaves of ``op``'s ``vjp`` that the forward loop saves, as ``(leaf index, row
         shape, dtype)``: those with one row per item row at every item size (so they can live in
         an arena-like buffer), except the input rows themselves (the backward gathers those
         again). Leaves that are not per row (parameters, their transposes) are cheap to
         recompute. Empty when the leaves do not line up across item sizes."""
         per_size = []
-        for size in (*self.sizes, 2 * self.sizes[-1]):  # 2C: a parameter can't match every size
+        for size in (*sizes, 2 * sizes[-1]):  # 2C: a parameter can't match every size
             is_input: list = []
 
             def leaves(p, rng, *xs):
@@ -145,7 +145,7 @@ class Executor:
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
         """One ``[rows + C, *shape]`` arena per type (``rows = layout.arena_rows[t]``),
         constants in their rows, zeros elsewhere."""
-        C = self.chunk
+        C = layout.chunk
         arenas = {}
         for t, tt in enumerate(self.types):
             key = str(t)
@@ -186,7 +186,8 @@ class Executor:
         plans = {}
         for q, o in enumerate(layout.loop_ops):
             op = self.ops[o]
-            saved = self._saved_leaves(op, _abstract(self._params_for(op, lparams)), rng, float_types)
+            saved = self._saved_leaves(op, _abstract(self._params_for(op, lparams)), rng, float_types,
+                                       item_sizes(layout.chunk))
             if saved and op.out_slots:
                 plans[q] = saved
         return plans
@@ -197,15 +198,15 @@ class Executor:
         operation's. Also the buffers' rows before their ``C`` dump rows."""
         op = self.ops[layout.loop_ops[q]]
         rows = layout.arena_rows[op.out_slots[0][0]]
-        mine = arrays["items_branch"][i] // len(self.sizes) == q
+        mine = arrays["items_branch"][i] // len(item_sizes(layout.chunk)) == q
         return jnp.where(mine, arrays["items_out"][i, self.model.slot_index[op.out_slots[0]]], rows), rows
 
     def _forward_branches(self, layout: Any, k_out: dict, plans: dict, float_types: Any) -> list:
-        C = self.chunk
+        C = layout.chunk
         branches = []
         for q, o in enumerate(layout.loop_ops):
             op = self.ops[o]
-            for size in self.sizes:
+            for size in item_sizes(layout.chunk):
                 def branch(lparams, rng, arenas, in_idx, first, count, op=op, q=q, size=size):
                     xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
                     saved = {r: [jnp.zeros((C, *shape), dtype) for _, shape, dtype in leaves]
@@ -232,7 +233,7 @@ class Executor:
         float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
         branches = self._forward_branches(layout, k_out, plans, float_types)
         slot_index = self.model.slot_index
-        saved0 = {q: [jnp.zeros((self._saved_start(layout, arrays, 0, q)[1] + self.chunk, *shape), dtype)
+        saved0 = {q: [jnp.zeros((self._saved_start(layout, arrays, 0, q)[1] + layout.chunk, *shape), dtype)
                       for _, shape, dtype in leaves] for q, leaves in plans.items()}
 
         def body(state):
@@ -257,12 +258,12 @@ class Executor:
 
     # ------------------------------------------------------------ backward
     def _backward_branches(self, layout: Any, k_in: dict, float_types: list, plans: dict) -> list:
-        C = self.chunk
+        C = layout.chunk
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
         branches = []
         for q, o in enumerate(layout.loop_ops):
             op = self.ops[o]
-            for size in self.sizes:
+            for size in item_sizes(layout.chunk):
                 def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, saved, op=op, q=q, size=size):
                     xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
 
@@ -311,7 +312,7 @@ class Executor:
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
         branches = self._backward_branches(layout, k_in, float_types, plans)
         slot_index = self.model.slot_index
-        C = self.chunk
+        C = layout.chunk
 
         def body(state):
             i, ct, p_acc = state

@@ -7,10 +7,11 @@ import random
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import fold as fd
 from fold.scheduler.builder import BatchBuilder
-from fold.scheduler.schedule import schedule
+from fold.scheduler.schedule import item_sizes, pick_chunk, schedule
 from fold.scheduler.walk import walk
 from tests.models import random_tree
 
@@ -30,7 +31,7 @@ def _build(compiler, examples, chunk):
     for i, e in enumerate(examples):
         builder.example_index = i
         roots.append(walk(compiler.root, e, builder))
-    return builder, schedule(builder, [roots], len(examples), chunk, keep_host=True)
+    return builder, schedule(builder, [roots], len(examples), (chunk,), keep_host=True)
 
 
 def test_rows_are_unique_and_items_cover_every_loop_node_once():
@@ -64,7 +65,7 @@ def test_size_class_is_a_power_of_two_above_the_rows():
         batch = compiler.build_batch([random_tree(rng, n, lambda r: r.random())])
         A = batch.layout.size_class
         assert A & (A - 1) == 0 and A >= 8
-        assert batch.arrays["in_idx"].shape[0] == A + compiler.chunk
+        assert batch.arrays["in_idx"].shape[0] == A + batch.layout.chunk
 
 
 def test_each_arena_has_its_own_types_rows_rounded_up():
@@ -138,3 +139,44 @@ def test_an_operation_consumed_inside_the_loop_stays_in_it():
     assert batch.layout.loop_ops and op not in batch.layout.tail_ops and op in batch.layout.hoist_ops
     out = compiler.apply(compiler.init(jax.random.key(0)), batch).outputs
     np.testing.assert_allclose(out, [2 * sum(s) + 3 * x for s, x in examples])
+
+
+def test_pick_chunk_takes_a_large_c_only_when_most_of_its_items_are_full():
+    chunks = (128, 512)
+    assert pick_chunk(np.array([4096, 2048, 1024]), chunks) == 512
+    assert pick_chunk(np.array([600, 300, 120, 40, 9, 3]), chunks) == 128  # SST-like: small groups
+    # 3 full items and 2 nearly empty: 5 x 512 <= 1.8 x (12 + 2) x 128; with 4 more, not.
+    assert pick_chunk(np.array([512] * 3 + [10] * 2), chunks) == 512
+    assert pick_chunk(np.array([512] * 3 + [10] * 6), chunks) == 128
+    assert pick_chunk(np.array([], np.int64), chunks) == 128
+    assert pick_chunk(np.array([5000]), (128,)) == 128
+    assert pick_chunk(np.array([5000, 5000]), (8, 32, 128)) == 128
+    assert item_sizes(8) == (8,) and item_sizes(128) == (8, 16, 32, 64, 128)
+
+
+def test_batches_of_large_groups_use_the_large_chunk_and_agree_with_the_small_one():
+    # 48 copies of one 16-leaf tree: its levels are groups of 48 x (8, 4, 2, 1) rows.
+    rng = random.Random(3)
+    shape = random_tree(rng, 16, lambda r: r.random())
+    model = _tree_model()
+    small = fd.Compiler.create(model, chunk_size=8)
+    both = fd.Compiler.create(model, chunk_size=(8, 32))
+    big = [shape] * 48
+    assert small.build_batch(big).layout.chunk == 8
+    assert both.build_batch(big).layout.chunk == 32
+    assert both.build_batch([shape]).layout.chunk == 8  # one tree: groups of a few rows
+    params = small.init(jax.random.key(0))
+
+    def loss(compiler, p):
+        return jnp.sum(jnp.sin(compiler.apply(p, compiler.build_batch(big)).outputs))
+
+    np.testing.assert_allclose(loss(both, params), loss(small, params), rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(jax.grad(lambda p: loss(both, p))(params)),
+                    jax.tree_util.tree_leaves(jax.grad(lambda p: loss(small, p))(params))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_chunk_sizes_are_clear_errors():
+    for bad in (100, 4, (), (128, 96), "128"):
+        with pytest.raises(ValueError, match="chunk_size must be a power of two >= 8"):
+            fd.Compiler.create(_tree_model(), chunk_size=bad)
