@@ -317,7 +317,9 @@ class Compiler:
         ``fork`` is unavailable; see ``fold/scheduler/background.py``). A
         malformed example raises in the caller with its natural type; a
         worker that dies raises ``RuntimeError``; leaving the loop early
-        shuts the workers down.
+        shuts the workers down. Workers need spare cores to pay off: each
+        call forks them, and the caller then pays a copy-on-write page fault
+        for every page of its heap it writes (docs/performance.md).
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
