@@ -141,6 +141,7 @@ class Executor:
             if all(per_row and not inp for per_row, _, _, inp in seen) and len({(r, d) for _, r, d, _ in seen}) == 1:
                 saved.append((j, seen[0][1], seen[0][2]))
         return tuple(saved)
+
     # ------------------------------------------------------------- forward
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
         """One ``[rows + C, *shape]`` arena per type (``rows = layout.arena_rows[t]``),
@@ -192,14 +193,18 @@ class Executor:
                 plans[q] = saved
         return plans
 
-    def _saved_start(self, layout: Any, arrays: dict, i: Any, q: int) -> tuple[Any, int]:
+    def _saved_rows(self, layout: Any, q: int) -> int:
+        """Rows of loop operation ``q``'s saved buffers before their ``C`` dump rows: those of
+        the arena of its first output, whose rows index the buffers."""
+        return layout.arena_rows[self.ops[layout.loop_ops[q]].out_slots[0][0]]
+
+    def _saved_start(self, layout: Any, arrays: dict, i: Any, q: int) -> Any:
         """Where item ``i`` keeps its saved leaves in the buffers of loop operation ``q``: the row
         of its first output in that output's arena, or the dump rows if the item is another
-        operation's. Also the buffers' rows before their ``C`` dump rows."""
-        op = self.ops[layout.loop_ops[q]]
-        rows = layout.arena_rows[op.out_slots[0][0]]
+        operation's."""
+        slot = self.model.slot_index[self.ops[layout.loop_ops[q]].out_slots[0]]
         mine = arrays["items_branch"][i] // len(item_sizes(layout.chunk)) == q
-        return jnp.where(mine, arrays["items_out"][i, self.model.slot_index[op.out_slots[0]]], rows), rows
+        return jnp.where(mine, arrays["items_out"][i, slot], self._saved_rows(layout, q))
 
     def _forward_branches(self, layout: Any, k_out: dict, plans: dict, float_types: Any) -> list:
         C = layout.chunk
@@ -233,7 +238,7 @@ class Executor:
         float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
         branches = self._forward_branches(layout, k_out, plans, float_types)
         slot_index = self.model.slot_index
-        saved0 = {q: [jnp.zeros((self._saved_start(layout, arrays, 0, q)[1] + layout.chunk, *shape), dtype)
+        saved0 = {q: [jnp.zeros((self._saved_rows(layout, q) + layout.chunk, *shape), dtype)
                       for _, shape, dtype in leaves] for q, leaves in plans.items()}
 
         def body(state):
@@ -247,9 +252,8 @@ class Executor:
                 for k in range(k_max):
                     start = arrays["items_out"][i, slot_index[(t, k)]]
                     arenas[t] = lax.dynamic_update_slice(arenas[t], chunks[t][k], (start, *zeros))
-            saved = {q: [lax.dynamic_update_slice(b, c, (self._saved_start(layout, arrays, i, q)[0],
-                                                         *(_I0,) * (b.ndim - 1)))
-                         for b, c in zip(saved[q], saved_chunks[q])] for q in saved}
+            saved = {q: _write_rows(saved[q], saved_chunks[q], self._saved_start(layout, arrays, i, q))
+                     for q in saved}
             return i + 1, arenas, saved
 
         _, arenas, saved = lax.while_loop(lambda s: s[0] < arrays["n_items"], body,
@@ -325,8 +329,10 @@ class Executor:
                     lax.dynamic_slice(ct[t], (arrays["items_out"][i, slot_index[(t, k)]], *(_I0,) * len(shape)),
                                       (C, *shape))
                     for k in range(k_max)])
-            saved_chunks = {q: [lax.dynamic_slice_in_dim(b, self._saved_start(layout, arrays, i, q)[0], C)
-                                for b in saved[q]] for q in saved}
+            saved_chunks = {}
+            for q in saved:
+                start = self._saved_start(layout, arrays, i, q)
+                saved_chunks[q] = [lax.dynamic_slice_in_dim(b, start, C) for b in saved[q]]
             in_cts, in_rows, p_ct = lax.switch(
                 arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
                 arrays["items_node"][i], arrays["items_count"][i], ct_chunks, saved_chunks)
@@ -412,6 +418,11 @@ def _regather_in_backward(call: Any) -> Any:
 
     return jax.checkpoint(run, static_argnums=(0,),
                           policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
+
+
+def _write_rows(buffers: list, chunks: list, start: Any) -> list:
+    """Each of ``buffers`` with its chunk written from row ``start`` on."""
+    return [lax.dynamic_update_slice(b, c, (start, *(_I0,) * (b.ndim - 1))) for b, c in zip(buffers, chunks)]
 
 
 def _check(op: Any, ys: list) -> list:

@@ -60,13 +60,14 @@ def item_sizes(chunk: int) -> tuple[int, ...]:
 
 
 def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...]) -> int:
-    """``C`` for a batch whose loop groups have ``group_rows`` rows: the largest candidate whose
+    """``C`` for a batch whose loop groups have ``group_rows`` rows, ``chunks`` the candidates
+    in increasing order: the largest candidate whose
     items hold at most ``CHUNK_SLACK`` times the rows that the smallest candidate's items hold
     (items x C, padding included), else the smallest. Every item costs work in proportion to
     ``C`` whatever its rows, so a large ``C`` pays off only when most of its items are full."""
     smallest = chunks[0]
     capacity = int(np.sum(-(-group_rows // smallest))) * smallest
-    for c in sorted(chunks[1:], reverse=True) if capacity else ():
+    for c in reversed(chunks[1:]) if capacity else ():
         if int(np.sum(-(-group_rows // c))) * c <= CHUNK_SLACK * capacity:
             return c
     return smallest
@@ -213,8 +214,8 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
     # only ever land on rows that are written later: allocating per chunk (not
     # per group) guarantees that even for ops with several outputs.
     c_group, c_start, c_count = [], [], []
-    for g, (d, s0, n) in enumerate(zip(g_depth.tolist(), g_start.tolist(), g_count.tolist())):
-        step = n if d == 1 or d > loop_depth else chunk
+    for g, (looped, s0, n) in enumerate(zip(in_loop.tolist(), g_start.tolist(), g_count.tolist())):
+        step = chunk if looped else n
         for off in range(0, n, step):
             c_group.append(g)
             c_start.append(s0 + off)
@@ -275,7 +276,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
     tail_ops, tail_arrays = whole_groups([c for c, g in enumerate(c_group) if g_depth[g] > loop_depth])
 
     # Work items: one per loop chunk, size C or the next power of two >= 8.
-    items = [c for c, g in enumerate(c_group) if 2 <= g_depth[g] <= loop_depth]
+    items = [c for c, g in enumerate(c_group) if in_loop[g]]
     loop_ops = tuple(sorted({int(g_op[c_group[c]]) for c in items}))
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
     sizes = item_sizes(chunk)
