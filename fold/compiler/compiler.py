@@ -278,6 +278,7 @@ class Compiler:
                 builder.example_index = i
                 outputs.append(builder.run(x))
             builder.example_index = None
+            builder.finish()
             n_leaves = len(self._root_leaves)
             roots: list[list[int]] = [[] for _ in range(n_leaves)]
             if n_leaves:
@@ -390,6 +391,7 @@ class Compiler:
         builder = BatchBuilder(self)
         builder.example_index = None
         builder.run(example)
+        builder.finish()
         return builder.max_depth
 
     def eval_one(self, example: Any, params: Any = None) -> Any:
@@ -399,6 +401,7 @@ class Compiler:
         builder = BatchBuilder(self)
         builder.example_index = None
         value = builder.run(example)
+        builder.finish()
         batch = schedule(builder, [], 1, self.chunk_sizes, keep_host=True)
         host = batch.host
         arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}
@@ -419,6 +422,6 @@ class Compiler:
         out = convert(value, self.root.output_type)
         if not self.metric_types:
             return out
-        metrics = {name: [convert(vid, t) for _, vid in builder.metrics[name]]
+        metrics = {name: [convert(vid, t) for vid in builder.metric_values[name]]
                    for name, t in self.metric_types.items()}
         return out, metrics

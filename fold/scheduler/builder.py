@@ -33,7 +33,11 @@ def gc_paused() -> Iterator[None]:
     every few hundred allocations the collector would traverse the young
     objects and, now and then, the whole heap, including the user's
     dataset (often millions of nested Python objects). Nothing a build
-    allocates needs the cycle collector, so it runs again afterwards.
+    allocates needs the cycle collector, so it runs again afterwards; for
+    that to cost nothing, what outlives a build must not be per node (the
+    builder keeps ints in flat lists) and must not form cycles
+    (``BatchBuilder.finish``), or the first allocation after the build
+    pays for a collection.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -62,11 +66,15 @@ class BatchBuilder:
         self.n_op: list[int] = []
         self.n_depth: list[int] = []
         self.n_inputs: list[int] = []
-        self.metrics: dict[str, list[tuple[int, int]]] = {name: [] for name in model.metric_types}
+        # Per metric, each entry's example index and value id, in two flat lists: a tuple per
+        # entry would be an object that outlives the build for the cycle collector to traverse
+        # (see gc_paused).
+        self.metric_examples: dict[str, list[int]] = {name: [] for name in model.metric_types}
+        self.metric_values: dict[str, list[int]] = {name: [] for name in model.metric_types}
         self._shared: dict[Any, int] = {}
         # Per-batch memo for blocks whose host value is the same every call (Zeros).
         self.block_cache: dict[Any, Any] = {}
-        self._plan_run, self._callers, self._const_makers = model._plan.bind(self)
+        self._plan_run, self._callers, self._const_makers, self._release = model._plan.bind(self)
 
     def run(self, x: Any) -> Any:
         """Records example ``x`` (index ``self.example_index``) and returns its host value.
@@ -83,9 +91,17 @@ class BatchBuilder:
             self._rollback(mark)
         return walk(self.model.root, x, self)
 
+    def finish(self) -> None:
+        """Ends recording. The plan's entry points are closures over this builder and each
+        other; breaking those cycles lets the builder's lists (tens of thousands of ints) be
+        freed as soon as the last reference goes, not by the cycle collector, which would
+        traverse everything young (and now and then the whole heap) to find them."""
+        self._release()
+        del self._plan_run, self._callers, self._const_makers, self._release
+
     def _mark(self) -> tuple:
         return (len(self.v_type), len(self.n_op), len(self.n_inputs), [len(c) for c in self.consts],
-                {k: len(v) for k, v in self.metrics.items()}, len(self._shared), len(self.block_cache))
+                {k: len(v) for k, v in self.metric_values.items()}, len(self._shared), len(self.block_cache))
 
     def _rollback(self, mark: tuple) -> None:
         n_values, n_nodes, n_flat, n_consts, n_metrics, n_shared, n_cached = mark
@@ -97,7 +113,8 @@ class BatchBuilder:
         for table, n in zip(self.consts, n_consts):
             del table[n:]
         for name, n in n_metrics.items():
-            del self.metrics[name][n:]
+            del self.metric_examples[name][n:]
+            del self.metric_values[name][n:]
         # Dicts keep insertion order: the entries made for this example come last.
         for memo, n in ((self._shared, n_shared), (self.block_cache, n_cached)):
             for key in list(memo)[n:]:
@@ -132,12 +149,13 @@ class BatchBuilder:
 
     def metric(self, name: str, vid: int) -> None:
         """Records tensor ``vid`` as an entry of metric ``name`` for the current example."""
-        self.metrics[name].append((self.example_index or 0, vid))
+        self.metric_examples[name].append(self.example_index or 0)
+        self.metric_values[name].append(vid)
 
     @property
     def max_depth(self) -> int:
         """The deepest node so far; a metric entry counts one deeper than its value (as in Fold)."""
         depth = max(self.n_depth, default=0)
-        for entries in self.metrics.values():
-            depth = max(depth, 1 + max((self.v_depth[vid] for _, vid in entries), default=-1))
+        for vids in self.metric_values.values():
+            depth = max(depth, 1 + max((self.v_depth[vid] for vid in vids), default=-1))
         return depth

@@ -176,7 +176,8 @@ class Emitter:
     def metric(self, name: str, x: str) -> None:
         """Records tensor ``x`` as an entry of metric ``name`` (see ``BatchBuilder.metric``)."""
         i = self._metrics.setdefault(name, len(self._metrics))
-        self.line(f"metric{i}.append((ctx.example_index or 0, {x}))")
+        self.line(f"metric_ex{i}.append(ctx.example_index or 0)")
+        self.line(f"metric_vid{i}.append({x})")
 
     def recurse(self, decl: Any, x: str) -> str:
         """A call of ``decl``'s target, generated once as its own function."""
@@ -248,13 +249,15 @@ class Emitter:
                 "    return vid"]
 
     def source(self, root: Any) -> str:
-        """The module: ``_make(ctx)`` returns ``(run, callers, constant makers)`` bound to one builder."""
+        """The module: ``_make(ctx)`` returns ``(run, callers, constant makers, release)`` bound to
+        one builder; ``release()`` ends that binding."""
         self._function("run", root, check_depth=False)
         out = ["def _make(ctx):"]
         for field in ("v_type", "v_depth", "v_node", "v_pos", "n_op", "n_depth", "n_inputs", "consts"):
             out.append(f"    {field} = ctx.{field}")
         for i, name in enumerate(self._metrics):
-            out.append(f"    metric{i} = ctx.metrics[{name!r}]")
+            out.append(f"    metric_ex{i} = ctx.metric_examples[{name!r}]")
+            out.append(f"    metric_vid{i} = ctx.metric_values[{name!r}]")
         # Every operation and type gets one: the walk records through them too.
         for o in range(len(self.model.ops)):
             out += ["    " + s for s in self._recorder(o)]
@@ -262,9 +265,17 @@ class Emitter:
             out += ["    " + s for s in self._const_maker(t)]
         for fn in self._functions:
             out += fn
+        # Recursive functions refer to themselves through closure cells: clearing those cells
+        # breaks the cycles, so one builder's plan is freed by reference counting.
+        out.append("    def release():")
+        decls = list(self._decl_functions.values())
+        if decls:
+            out += [f"        nonlocal {', '.join(decls)}", f"        {' = '.join(decls)} = None"]
+        else:
+            out.append("        pass")
         callers = ", ".join(f"call{o}" for o in range(len(self.model.ops)))
         makers = ", ".join(f"const{t}" for t in range(len(self.model.types)))
-        out.append(f"    return run, [{callers}], [{makers}]")
+        out.append(f"    return run, [{callers}], [{makers}], release")
         return "\n".join(out) + "\n"
 
 
@@ -278,7 +289,8 @@ class HostPlan:
         exec(compile(self.source, "<fold host plan>", "exec"), namespace)  # noqa: S102 (generated)
         self._make = namespace["_make"]
 
-    def bind(self, builder: Any) -> tuple[Any, list, list]:
-        """``(run, callers, makers)`` writing to ``builder``: ``run(x, 0)`` records one example,
-        ``callers[o](x)`` one call of operation ``o``, ``makers[t](value)`` one constant of type ``t``."""
+    def bind(self, builder: Any) -> tuple[Any, list, list, Any]:
+        """``(run, callers, makers, release)`` writing to ``builder``: ``run(x, 0)`` records one
+        example, ``callers[o](x)`` one call of operation ``o``, ``makers[t](value)`` one constant of
+        type ``t``; ``release()`` breaks the reference cycles between them once recording is done."""
         return self._make(builder)

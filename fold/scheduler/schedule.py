@@ -228,7 +228,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
             c_base[c, j] = cursor[t]
             cursor[t] += n
     total_rows = int(cursor.max()) if n_types else 0
-    n_metric = max((len(v) for v in b.metrics.values()), default=0)
+    n_metric = max((len(v) for v in b.metric_values.values()), default=0)
     A = next_pow2(max(total_rows, n_nodes, n_metric, MIN_ITEM))
     S = A + chunk
     # Each arena holds only its own type's rows, rounded up to a power of two:
@@ -316,16 +316,14 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
     root_rows = [v_row[np.asarray(r, np.int64)].astype(np.int32) if r else np.zeros(0, np.int32)
                  for r in roots]
     metrics = {}
-    for name, entries in b.metrics.items():
+    for name, vids in b.metric_values.items():
+        n = len(vids)
         rows = np.zeros(A, np.int32)
+        rows[:n] = v_row[np.asarray(vids, np.int64)]
         mask = np.zeros(A, bool)
+        mask[:n] = True
         example = np.full(A, -1, np.int32)
-        if entries:
-            ex, vids = zip(*entries)
-            n = len(entries)
-            rows[:n] = v_row[np.asarray(vids, np.int64)]
-            mask[:n] = True
-            example[:n] = ex
+        example[:n] = b.metric_examples[name]
         metrics[name] = {"rows": rows, "mask": mask, "example": example}
 
     arrays = {
