@@ -19,7 +19,8 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, core count, JAX version, backend and devices."""
+    """CPU model, core count, JAX version, backend, devices and any glibc malloc settings (they change
+    step times: ``benchmarks.host_allocator``)."""
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -27,7 +28,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+            "jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+            "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}}
 
 
 def add_run_flags(p: argparse.ArgumentParser, name: str, quick: str, data_dir: bool = True) -> None:
@@ -40,12 +42,20 @@ def add_run_flags(p: argparse.ArgumentParser, name: str, quick: str, data_dir: b
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     """Median wall time of ``repeats`` calls of ``fn`` (call it once before to warm up)."""
-    times = []
+    return interleaved_medians({"fn": fn}, repeats)["fn"]
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median wall time of each of ``fns`` over ``repeats`` rounds, one call of each per round
+    (warm them up first). Taking turns, rather than timing one function's calls and then the
+    next's, exposes them to the same drift of a shared machine, so their ratios stay fair."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def write_results(name: str, results: dict, path: str | None = None) -> pathlib.Path:

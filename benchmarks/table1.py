@@ -11,8 +11,9 @@ Random binary trees of ``--leaves`` leaves run the paper's Tree-LSTM variant
 - **cost ratio** = dynamic / manual; **speedup ratio** = manual's time per
   tree at batch 1 / full dynamic's time per tree at this batch size.
 
-Times are device times on pre-built batches already on the device (median of ``--repeats`` runs
-after a warm-up that compiles); building fold's schedules on the host is
+Times are device times on pre-built batches already on the device (median of ``--repeats`` rounds
+after a warm-up that compiles; each round runs manual, dynamic and full dynamic once, so that the
+three share the machine's drift); building fold's schedules on the host is
 reported in its own column, and compile times in the JSON. At the largest
 batch the FLOP/s fold reaches is compared with the FLOP/s of the cell's two
 matmuls alone on independent rows (no dependencies, no gathers; the best
@@ -40,13 +41,14 @@ import numpy as np
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, median_seconds, plot_path, write_results
 from examples.common import print_table
 from fold.compiler.compiler import BACKWARDS
 
 PAPER_COST_RATIO_CPU = {1024: 1.27, 1: 0.49}
 PAPER_SPEEDUP_CPU = 28.9
 LEARNING_RATE = 1e-3
+LIMIT_ROUNDS = 11
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -129,12 +131,11 @@ def runner(forward: Callable, mode: str) -> Callable:
     return lambda params, batch: jax.block_until_ready(fn(params, batch))
 
 
-def timed(run: Callable, params: Any, batch: Any, repeats: int) -> dict[str, float]:
-    """First call (compiles) and median of ``repeats`` later calls, in seconds."""
+def first_call_seconds(run: Callable, params: Any, batch: Any) -> float:
+    """Time of the first call (it compiles)."""
     start = time.perf_counter()
     run(params, batch)
-    first = time.perf_counter() - start
-    return {"first_call_s": first, "seconds": median_seconds(lambda: run(params, batch), repeats)}
+    return time.perf_counter() - start
 
 
 def matmul_limit(params: dict, rows: int, mode: str, repeats: int) -> dict[str, float]:
@@ -149,13 +150,14 @@ def matmul_limit(params: dict, rows: int, mode: str, repeats: int) -> dict[str, 
 
     fn = jax.jit(two_matmuls) if mode == "infer" else jax.jit(
         jax.grad(lambda c, x: 0.5 * jnp.sum(two_matmuls(c, x) ** 2), argnums=(0, 1)))
-    out = {}
+    calls = {}
     for n in sorted({r for r in (128, 1024, 8192, rows) if r <= rows}):
         x = jax.random.normal(jax.random.key(1), (n, 2 * h))
-        run = lambda: jax.block_until_ready(fn(cell, x))  # noqa: E731
-        run()
-        out[str(n)] = model_flops(n, h, mode) / median_seconds(run, repeats)
-    return out
+        calls[str(n)] = lambda x=x: jax.block_until_ready(fn(cell, x))
+        calls[str(n)]()
+    # More rounds than the model runs get: a few-millisecond call is noisier than a whole batch.
+    seconds = interleaved_medians(calls, max(repeats, LIMIT_ROUNDS))
+    return {n: model_flops(int(n), h, mode) / s for n, s in seconds.items()}
 
 
 def model_flops(internal_nodes: int, hidden: int, mode: str) -> float:
@@ -174,20 +176,23 @@ def run_batch_size(b: int, args: argparse.Namespace, compiler: fd.Compiler, para
     different = [models.random_tree(rng, args.leaves) for _ in range(b)]
 
     ids = jnp.asarray(np.array([leaf_order(t) for t in same], dtype=np.int32))
-    manual = timed(runner(manual_forward(shape), args.mode), params, ids, args.repeats)
-
+    manual_run = runner(manual_forward(shape), args.mode)
     fold_run = runner(lambda p, batch: compiler.apply(p, batch).outputs, args.mode)
-    row: dict[str, Any] = {"batch_size": b, "manual": manual}
+    row: dict[str, Any] = {"batch_size": b, "manual": {"first_call_s": first_call_seconds(manual_run, params, ids)}}
+    calls = {"manual": lambda: manual_run(params, ids)}
     for name, trees in (("dynamic", same), ("full_dynamic", different)):
         host = compiler.build_batch(trees)
         build = median_seconds(lambda: compiler.build_batch(trees), max(1, args.repeats // 2))
         batch = jax.device_put(host)  # on the device, like manual's ids
-        row[name] = {**timed(fold_run, params, batch, args.repeats), "build_s": build,
+        row[name] = {"first_call_s": first_call_seconds(fold_run, params, batch), "build_s": build,
                      "nodes": host.stats.num_nodes, "size_class": host.layout.size_class,
                      "chunk": host.layout.chunk}
+        calls[name] = lambda batch=batch: fold_run(params, batch)
+    for name, seconds in interleaved_medians(calls, args.repeats).items():
+        row[name]["seconds"] = seconds
     for name in ("manual", "dynamic", "full_dynamic"):
         row[name]["per_tree_s"] = row[name]["seconds"] / b
-    row["cost_ratio"] = row["dynamic"]["seconds"] / manual["seconds"]
+    row["cost_ratio"] = row["dynamic"]["seconds"] / row["manual"]["seconds"]
     row["full_vs_dynamic"] = row["full_dynamic"]["seconds"] / row["dynamic"]["seconds"]
     return row
 

@@ -1,0 +1,155 @@
+"""The host allocator's part in a training step: glibc's defaults against keeping freed blocks.
+
+XLA on the CPU allocates a step's temporaries with ``malloc`` on every call.
+glibc serves a block larger than its mmap threshold (which adapts, up to
+32 MiB) with fresh pages from the kernel and returns them on ``free``, so a
+step whose temporaries exceed that pays a page fault for every 4 KiB page
+it touches, every step. Starting Python with
+
+    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296
+
+keeps such blocks in the heap for the next step (at the price of not
+returning freed memory to the system).
+
+For each batch size and backward mode this runs the SST training step
+(``value_and_grad`` + SGD on pre-built batches, H = 150) in child processes,
+alternately with glibc's defaults and with those two variables, for
+``--rounds`` rounds, and reports the median step time of each, next to the
+step's temporaries (XLA's buffer assignment): the difference should show
+only where those exceed the threshold. Without glibc the variables do
+nothing.
+
+Run: ``python -m benchmarks.host_allocator`` (``--quick`` for a seconds-long run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import fold as fd
+from benchmarks import memory, models
+from benchmarks.common import add_run_flags, figure, plot_path, write_results
+from examples import sst
+from examples.common import make_train_step, print_table
+from fold.compiler.compiler import BACKWARDS
+
+KEEP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--backward", choices=BACKWARDS, nargs="+", default=list(BACKWARDS))
+    p.add_argument("--rounds", type=int, default=3, help="child processes per configuration and allocator")
+    p.add_argument("--steps", type=int, default=32, help="timed steps per child process")
+    p.add_argument("--hidden", type=int, default=150)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_run_flags(p, "host_allocator", "the committed sample, tiny model")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batch_sizes, args.backward, args.rounds, args.steps, args.hidden = [16], ["recompute"], 1, 2, 8
+    if min(*args.batch_sizes, args.rounds, args.steps, args.hidden) <= 0:
+        p.error("--batch-sizes, --rounds, --steps and --hidden must be positive")
+    return args
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """Median seconds per training step over ``args.steps`` steps, the step's temporaries, and the
+    allocator variables this process started with."""
+    trees = sst.load("train", args.data_dir)
+    rng = random.Random(0)
+    compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=args.hidden),
+                                  backward=args.backward[0])
+    params = compiler.init(jax.random.key(0))
+    optimizer = optax.sgd(0.05)
+    opt_state = optimizer.init(params)
+    step = make_train_step(compiler, optimizer)
+    samples = [rng.sample(trees, min(args.batch_sizes[0], len(trees))) for _ in range(4)]
+    temp = memory.measure(compiler, step, params, opt_state, samples[0])["temp_bytes"]
+    batches = [jax.device_put(compiler.build_batch(s)) for s in samples]
+    key = jax.random.key(0)
+    for b in batches:  # compiles every layout
+        jax.block_until_ready(step(params, opt_state, b, key))
+    times = []
+    for i in range(args.steps):
+        start = time.perf_counter()
+        jax.block_until_ready(step(params, opt_state, batches[i % len(batches)], key))
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "temp_bytes": temp,
+            "env": {k: os.environ.get(k) for k in KEEP_BLOCKS}}
+
+
+def run_child(args: argparse.Namespace, batch_size: int, backward: str, keep_blocks: bool) -> dict[str, Any]:
+    """``child`` in a fresh process: glibc reads its variables once, when the process starts."""
+    env = {k: v for k, v in os.environ.items() if k not in KEEP_BLOCKS}
+    if keep_blocks:
+        env.update(KEEP_BLOCKS)
+    cmd = [sys.executable, "-m", "benchmarks.host_allocator", "--child", "--batch-sizes", str(batch_size),
+           "--backward", backward, "--steps", str(args.steps), "--hidden", str(args.hidden)]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"the child step failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.child:
+        result = child(args)
+        print(json.dumps(result))
+        return result
+    libc = " ".join(platform.libc_ver()).strip() or "not glibc"
+    rows = []
+    for b in args.batch_sizes:
+        for backward in args.backward:
+            runs: dict[str, list[dict]] = {"default": [], "keep_blocks": []}
+            for r in range(args.rounds):
+                print(f"batch {b}, backward={backward}: round {r + 1}/{args.rounds} ...", flush=True)
+                for name in runs:  # alternate, so both see the same drift of a shared machine
+                    runs[name].append(run_child(args, b, backward, name == "keep_blocks"))
+            median = {name: statistics.median(x["seconds"] for x in v) for name, v in runs.items()}
+            rows.append({"batch_size": b, "backward": backward, "temp_bytes": runs["default"][0]["temp_bytes"],
+                         "default_s": median["default"], "keep_blocks_s": median["keep_blocks"],
+                         "speedup": median["default"] / median["keep_blocks"],
+                         "runs": {name: [x["seconds"] for x in v] for name, v in runs.items()}})
+    print_table(f"SST training step, H={args.hidden}, median of {args.rounds} processes x {args.steps} steps "
+                f"(ms; libc: {libc})",
+                ["batch", "backward", "temporaries (MiB)", "glibc defaults", "blocks kept", "speedup"],
+                [[r["batch_size"], r["backward"], f"{r['temp_bytes'] / 2**20:.1f}", f"{r['default_s'] * 1e3:.1f}",
+                  f"{r['keep_blocks_s'] * 1e3:.1f}", f"{r['speedup']:.2f}x"] for r in rows])
+    results = {"args": {k: v for k, v in vars(args).items() if k != "child"}, "libc": libc,
+               "keep_blocks_env": KEEP_BLOCKS, "rows": rows}
+    path = write_results("host_allocator" + ("_quick" if args.quick else ""), results, args.json)
+    plot(rows, plot_path(path))
+    print(f"\nresults written to {path} and {plot_path(path).name}")
+    return results
+
+
+def plot(rows: list[dict], path: Any) -> None:
+    """Per configuration, the median step time with glibc's defaults and with blocks kept."""
+    x = np.arange(len(rows))
+    with figure(path) as ax:
+        ax.bar(x - 0.2, [r["default_s"] * 1e3 for r in rows], 0.4, label="glibc defaults")
+        ax.bar(x + 0.2, [r["keep_blocks_s"] * 1e3 for r in rows], 0.4, label="large blocks kept")
+        ax.set(xticks=x, xticklabels=[f"b{r['batch_size']} {r['backward']}" for r in rows], ylabel="ms per step",
+               title="SST training step against the host allocator")
+        ax.legend()
+
+
+if __name__ == "__main__":
+    main()
