@@ -45,7 +45,7 @@ __all__ = ["Executor"]
 # Index literals must match the int32 index arrays, also when x64 is on.
 _I0 = np.int32(0)
 
-_LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_out", "n_items")
+_LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_out", "items_saved", "n_items")
 
 # Streams of per-call keys: loop items, hoisted and tail groups never share a key.
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
@@ -193,18 +193,14 @@ class Executor:
                 plans[q] = saved
         return plans
 
-    def _saved_rows(self, layout: Any, q: int) -> int:
-        """Rows of loop operation ``q``'s saved buffers before their ``C`` dump rows: those of
-        the arena of its first output, whose rows index the buffers."""
-        return layout.arena_rows[self.ops[layout.loop_ops[q]].out_slots[0][0]]
-
-    def _saved_start(self, layout: Any, arrays: dict, i: Any, q: int) -> Any:
-        """Where item ``i`` keeps its saved leaves in the buffers of loop operation ``q``: the row
-        of its first output in that output's arena, or the dump rows if the item is another
-        operation's."""
-        slot = self.model.slot_index[self.ops[layout.loop_ops[q]].out_slots[0]]
+    def _saved_start(self, arrays: dict, layout: Any, i: Any, q: int) -> Any:
+        """Where item ``i`` keeps its saved leaves in the buffers of loop operation ``q``: the
+        schedule lays that operation's items out one after another (``layout.saved_rows[q]`` rows
+        in all), each writing ``C`` rows from where the previous one's padded rows end, so a padded
+        tail only ever lands on rows a later item writes. Items of other operations write to the
+        ``C`` dump rows past the end."""
         mine = arrays["items_branch"][i] // len(item_sizes(layout.chunk)) == q
-        return jnp.where(mine, arrays["items_out"][i, slot], self._saved_rows(layout, q))
+        return jnp.where(mine, arrays["items_saved"][i], layout.saved_rows[q])
 
     def _forward_branches(self, layout: Any, k_out: dict, plans: dict, float_types: Any) -> list:
         C = layout.chunk
@@ -238,7 +234,7 @@ class Executor:
         float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
         branches = self._forward_branches(layout, k_out, plans, float_types)
         slot_index = self.model.slot_index
-        saved0 = {q: [jnp.zeros((self._saved_rows(layout, q) + layout.chunk, *shape), dtype)
+        saved0 = {q: [jnp.zeros((layout.saved_rows[q] + layout.chunk, *shape), dtype)
                       for _, shape, dtype in leaves] for q, leaves in plans.items()}
 
         def body(state):
@@ -252,7 +248,7 @@ class Executor:
                 for k in range(k_max):
                     start = arrays["items_out"][i, slot_index[(t, k)]]
                     arenas[t] = lax.dynamic_update_slice(arenas[t], chunks[t][k], (start, *zeros))
-            saved = {q: _write_rows(saved[q], saved_chunks[q], self._saved_start(layout, arrays, i, q))
+            saved = {q: _write_rows(saved[q], saved_chunks[q], self._saved_start(arrays, layout, i, q))
                      for q in saved}
             return i + 1, arenas, saved
 
@@ -331,7 +327,7 @@ class Executor:
                     for k in range(k_max)])
             saved_chunks = {}
             for q in saved:
-                start = self._saved_start(layout, arrays, i, q)
+                start = self._saved_start(arrays, layout, i, q)
                 saved_chunks[q] = [lax.dynamic_slice_in_dim(b, start, C) for b in saved[q]]
             in_cts, in_rows, p_ct = lax.switch(
                 arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],

@@ -86,6 +86,7 @@ class BatchLayout(NamedTuple):
     hoist_sizes: tuple = ()   # padded row counts of the hoisted groups (powers of two)
     arena_rows: tuple = ()    # per arena type, rows before its C dump rows (powers of two <= A)
     chunk: int = 128          # C: the most rows of a work item, and each arena's dump rows
+    saved_rows: tuple = ()    # backward="save": per loop operation, rows of its saved buffers before C dump rows
 
 
 class BatchStats(NamedTuple):
@@ -281,7 +282,10 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
     sizes = item_sizes(chunk)
     size_pos = {s: i for i, s in enumerate(sizes)}
-    it_branch, it_node, it_count, it_out = [], [], [], []
+    # With backward="save", each loop operation's items keep what they save in buffers of its own,
+    # one item after another in loop order (see ``Executor._saved_start``).
+    it_branch, it_node, it_count, it_out, it_saved = [], [], [], [], []
+    saved_cursor = [0] * len(loop_ops)
     for c in items:
         o, cnt = int(g_op[c_group[c]]), c_count[c]
         size = chunk if cnt == chunk else padded_rows(cnt)
@@ -289,15 +293,20 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
         it_node.append(c_start[c])
         it_count.append(cnt)
         it_out.append(out_starts(o, c_base[c]))
+        it_saved.append(saved_cursor[loop_pos[o]])
+        saved_cursor[loop_pos[o]] += size
+    saved_rows = tuple(map(padded_rows, saved_cursor)) if model.backward == "save" else ()
     n_items = len(it_branch)
     W = A
     items_branch = np.zeros(W, np.int32)
     items_node = np.zeros(W, np.int32)
     items_count = np.zeros(W, np.int32)
+    items_saved = np.zeros(W, np.int32)
     items_out = np.tile(dump_row.astype(np.int32), (W, 1))
     items_branch[:n_items] = it_branch
     items_node[:n_items] = it_node
     items_count[:n_items] = it_count
+    items_saved[:n_items] = it_saved
     if n_items:
         items_out[:n_items] = np.asarray(it_out, np.int64)
 
@@ -335,13 +344,14 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
         "items_node": items_node,
         "items_count": items_count,
         "items_out": items_out,
+        "items_saved": items_saved,
         "n_items": np.asarray(n_items, np.int32),
         "roots": root_rows,
         "metrics": metrics,
     }
     layout = BatchLayout(A, num_examples, loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,
                          tuple(map(padded_rows, tail_arrays["count"].tolist())),
-                         tuple(map(padded_rows, hoist["count"].tolist())), arena_rows, chunk)
+                         tuple(map(padded_rows, hoist["count"].tolist())), arena_rows, chunk, saved_rows)
     host = HostInfo(v_type, v_row) if keep_host else None
     stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows,
                        tuple(cursor.tolist()))

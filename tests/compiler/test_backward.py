@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fold as fd
+from fold.scheduler.schedule import item_sizes, padded_rows
 from tests.compiler.test_randomness import _functions
 from tests.models import MODELS, enable_x64
 
@@ -29,11 +30,35 @@ def _assert_same(a: dict, b: dict) -> None:
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.parametrize("chunk", [(128, 512), 8])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_saved_backward_gives_the_recomputed_gradients(name):
+def test_saved_backward_gives_the_recomputed_gradients(name, chunk):
+    # C = 8 cuts depths into several items, with padded remainders, per operation.
     with enable_x64():
         block, _, examples = MODELS[name](dtype="float64", n=8)
-        _assert_same(_grads(block, "save", examples), _grads(block, "recompute", examples))
+        _assert_same(_grads(block, "save", examples, chunk_size=chunk),
+                     _grads(block, "recompute", examples, chunk_size=chunk))
+
+
+def test_saved_buffers_hold_one_row_per_loop_row():
+    """Each loop operation's saved buffers have as many rows as its items' padded rows (rounded up
+    to a power of two), one item after another: not a row per row of its output's arena."""
+    block, _, examples = MODELS["tree_lstm"](n=20)
+    for backward in ("recompute", "save"):
+        batch = fd.Compiler.create(block, backward=backward, chunk_size=8).build_batch(examples)
+        layout, arrays = batch.layout, batch.arrays
+        if backward == "recompute":
+            assert layout.saved_rows == ()
+            continue
+        sizes = item_sizes(layout.chunk)
+        n = int(arrays["n_items"])
+        branch = arrays["items_branch"][:n]
+        rows = np.array([sizes[b % len(sizes)] for b in branch])
+        for q in range(len(layout.loop_ops)):
+            mine = branch // len(sizes) == q
+            np.testing.assert_array_equal(arrays["items_saved"][:n][mine], np.cumsum(rows[mine]) - rows[mine])
+            assert layout.saved_rows[q] == padded_rows(int(rows[mine].sum()))
+        assert sum(layout.saved_rows) < max(layout.arena_rows)
 
 
 def test_saved_backward_replays_dropout_masks():
