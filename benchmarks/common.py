@@ -42,16 +42,25 @@ def add_run_flags(p: argparse.ArgumentParser, name: str, quick: str, data_dir: b
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     """Median wall time of ``repeats`` calls of ``fn`` (call it once before to warm up)."""
-    return interleaved_medians({"fn": fn}, repeats)["fn"]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median wall time of each of ``fns`` over ``repeats`` rounds, one call of each per round
-    (warm them up first). Taking turns, rather than timing one function's calls and then the
-    next's, exposes them to the same drift of a shared machine, so their ratios stay fair."""
+    """Median wall time of each of ``fns`` over ``repeats`` rounds that take turns: in each round,
+    each function runs twice and its second call is timed. Taking turns, rather than timing one
+    function's calls and then the next's, exposes them to the same drift of a shared machine, so
+    their ratios stay fair; the untimed call first puts caches and the allocator in the state a
+    loop of that function has (right after a call with gigabytes of temporaries, a small matmul
+    measured at a third of its speed)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            fn()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

@@ -11,13 +11,15 @@ Random binary trees of ``--leaves`` leaves run the paper's Tree-LSTM variant
 - **cost ratio** = dynamic / manual; **speedup ratio** = manual's time per
   tree at batch 1 / full dynamic's time per tree at this batch size.
 
-Times are device times on pre-built batches already on the device (median of ``--repeats`` rounds
-after a warm-up that compiles; each round runs manual, dynamic and full dynamic once, so that the
-three share the machine's drift); building fold's schedules on the host is
-reported in its own column, and compile times in the JSON. At the largest
-batch the FLOP/s fold reaches is compared with the FLOP/s of the cell's two
-matmuls alone on independent rows (no dependencies, no gathers; the best
-of several row counts up to the batch's internal nodes: the machine's limit
+Times are device times on pre-built batches already on the device (median of
+``--repeats`` rounds after a warm-up that compiles; the rounds take turns
+between manual, dynamic and full dynamic, so that the three share the
+machine's drift: ``benchmarks.common.interleaved_medians``); building fold's
+schedules on the host is reported in its own column, and compile times in
+the JSON. At the largest batch the FLOP/s fold reaches is compared with the
+FLOP/s of the cell's two matmuls alone on independent rows (no
+dependencies, no gathers; the best of several row counts up to the batch's
+internal nodes, each timed in a row: the machine's limit
 for these shapes), measured in the same run.
 
 ``--mode infer`` runs the forward pass; ``--mode train`` a forward pass,
@@ -150,14 +152,16 @@ def matmul_limit(params: dict, rows: int, mode: str, repeats: int) -> dict[str, 
 
     fn = jax.jit(two_matmuls) if mode == "infer" else jax.jit(
         jax.grad(lambda c, x: 0.5 * jnp.sum(two_matmuls(c, x) ** 2), argnums=(0, 1)))
-    calls = {}
+    out = {}
+    # Smallest first, each size's calls in a row: right after a call with gigabytes of temporaries, a
+    # small matmul measured at half its speed for several calls. More calls than the model gets: a
+    # few-millisecond call is noisier than a whole batch.
     for n in sorted({r for r in (128, 1024, 8192, rows) if r <= rows}):
         x = jax.random.normal(jax.random.key(1), (n, 2 * h))
-        calls[str(n)] = lambda x=x: jax.block_until_ready(fn(cell, x))
-        calls[str(n)]()
-    # More rounds than the model runs get: a few-millisecond call is noisier than a whole batch.
-    seconds = interleaved_medians(calls, max(repeats, LIMIT_ROUNDS))
-    return {n: model_flops(int(n), h, mode) / s for n, s in seconds.items()}
+        run = lambda: jax.block_until_ready(fn(cell, x))  # noqa: E731
+        run()
+        out[str(n)] = model_flops(n, h, mode) / median_seconds(run, max(repeats, LIMIT_ROUNDS))
+    return out
 
 
 def model_flops(internal_nodes: int, hidden: int, mode: str) -> float:
