@@ -129,8 +129,9 @@ class Compiler:
         ``backward`` picks how gradients of the loop are computed:
         ``"recompute"`` runs each loop item's forward pass again before its
         ``vjp`` (memory stays at the arenas), ``"save"`` keeps each item's
-        matmul outputs from the forward pass (no faster on the CPUs we
-        measured, several times the arenas' memory for LSTM cells).
+        matmul outputs from the forward pass, one row per loop row (faster for
+        some models, slower for others on the CPUs we measured: see
+        docs/performance.md; about twice the temporaries for LSTM cells).
         """
         return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward)
 
