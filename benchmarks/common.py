@@ -54,9 +54,10 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict
     """Median wall time of each of ``fns`` over ``repeats`` rounds that take turns: in each round,
     each function runs twice and its second call is timed. Taking turns, rather than timing one
     function's calls and then the next's, exposes them to the same drift of a shared machine, so
-    their ratios stay fair; the untimed call first puts caches and the allocator in the state a
-    loop of that function has (right after a call with gigabytes of temporaries, a small matmul
-    measured at a third of its speed)."""
+    their ratios stay fair. The untimed call keeps a timed call from directly following another
+    function's; it is no full cure: right after a call with gigabytes of temporaries, a
+    millisecond matmul ran at a third to a half of its speed for several calls, so functions of
+    very different sizes are better timed each in a row (``table1.matmul_limit`` does)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
