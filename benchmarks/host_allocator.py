@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({"batch_size": b, "backward": backward, "temp_bytes": runs["default"][0]["temp_bytes"],
                          "default_s": median["default"], "keep_blocks_s": median["keep_blocks"],
                          "speedup": median["default"] / median["keep_blocks"],
-                         "runs": {name: [x["seconds"] for x in v] for name, v in runs.items()}})
+                         "runs": runs})
     print_table(f"SST training step, H={args.hidden}, median of {args.rounds} processes x {args.steps} steps "
                 f"(ms; libc: {libc})",
                 ["batch", "backward", "temporaries (MiB)", "glibc defaults", "blocks kept", "speedup"],
