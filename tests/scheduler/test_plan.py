@@ -170,3 +170,36 @@ def test_build_leaves_nothing_for_the_cycle_collector():
         gc.enable()
     assert batch.stats.num_nodes > 1000
     assert young < 100, young
+
+
+def _mutual_recursion():
+    """Two declarations that call each other: an even level sums its children, an odd one
+    negates the sum."""
+    even = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    odd = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    even.resolve_to(fd.OneOf(lambda t: isinstance(t, list), {False: fd.Scalar(), True: fd.Map(odd()) >> fd.Sum()}))
+    odd.resolve_to(fd.OneOf(lambda t: isinstance(t, list), {
+        False: fd.Scalar(), True: fd.Map(even()) >> fd.Sum() >> fd.Function(jnp.negative)}))
+    return even()
+
+
+@pytest.mark.parametrize("name", [*sorted(MODELS), "mutual_recursion"])
+def test_no_model_leaves_cycles_after_a_build(name):
+    import gc
+
+    if name == "mutual_recursion":
+        block, examples = _mutual_recursion(), [[1.0, [2.0, [3.0]]], 4.0, [[5.0], 6.0]]
+    else:
+        block, _, examples = MODELS[name]()
+    compiler = fd.Compiler.create(block)
+    if name == "mutual_recursion":
+        assert compiler._plan.source.count("def decl") == 2
+        assert_plan_matches_walk(compiler, examples)
+    compiler.build_batch(examples)
+    gc.collect()
+    gc.disable()
+    try:
+        compiler.build_batch(examples)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
