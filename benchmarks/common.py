@@ -68,17 +68,18 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def write_results(name: str, results: dict, path: str | None = None) -> pathlib.Path:
-    """Writes ``results`` plus the machine as JSON (default ``benchmarks/results/NAME.json``)."""
-    out = pathlib.Path(path) if path else RESULTS / f"{name}.json"
+def save_results(name: str, results: dict, args: argparse.Namespace,
+                 plot: Callable[[pathlib.Path], None]) -> pathlib.Path:
+    """Writes ``results`` plus the machine as JSON to ``args.json`` (default
+    ``benchmarks/results/NAME[_quick].json``), has ``plot`` draw the PNG next to it, and says
+    where both went."""
+    out = pathlib.Path(args.json) if args.json else RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
+    png = out.with_suffix(".png")
+    plot(png)
+    print(f"\nresults written to {out} and {png.name}")
     return out
-
-
-def plot_path(json_path: pathlib.Path) -> pathlib.Path:
-    """The PNG written next to a result file."""
-    return json_path.with_suffix(".png")
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -72,9 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
         ["batches per size class", ", ".join(f"A={k}: {v}" for k, v in s.size_classes.items())],
         ["bucket occupancy (mean / min)", f"{s.occupancy:.2f} / {s.min_occupancy:.2f}"],
         ["epoch seconds (first steps of new layouts)", f"{epoch_seconds:.1f} ({compile_seconds:.1f})"]])
-    path = write_results("compile_count_quick" if args.quick else "compile_count", results, args.json)
-    plot(per_step, plot_path(path))
-    print(f"\nresults written to {path} and {plot_path(path).name}")
+    save_results("compile_count", results, args, lambda png: plot(per_step, png))
     return results
 
 

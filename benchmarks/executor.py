@@ -30,7 +30,7 @@ import optax
 
 import fold as fd
 from benchmarks import models, table1
-from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -140,9 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{r['step_s'] / max(r['items'], 1) * 1e6:.0f}", f"{r['compile_s']:.1f}",
                       r["arena_copies"]] for r in rows])
         print(f"fastest: C = {best['chunk']}")
-    path = write_results("executor_quick" if args.quick else "executor", results, args.json)
-    plot(results, plot_path(path))
-    print(f"\nresults written to {path} and {plot_path(path).name}")
+    save_results("executor", results, args, lambda png: plot(results, png))
     return results
 
 

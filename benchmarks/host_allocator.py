@@ -25,6 +25,7 @@ Run: ``python -m benchmarks.host_allocator`` (``--quick`` for a seconds-long run
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -32,7 +33,6 @@ import random
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 import jax
@@ -41,7 +41,7 @@ import optax
 
 import fold as fd
 from benchmarks import memory, models
-from benchmarks.common import add_run_flags, figure, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 from fold.compiler.compiler import BACKWARDS
@@ -83,12 +83,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     key = jax.random.key(0)
     for b in batches:  # compiles every layout
         jax.block_until_ready(step(params, opt_state, b, key))
-    times = []
-    for i in range(args.steps):
-        start = time.perf_counter()
-        jax.block_until_ready(step(params, opt_state, batches[i % len(batches)], key))
-        times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "temp_bytes": temp,
+    stream = itertools.cycle(batches)
+    seconds = median_seconds(lambda: jax.block_until_ready(step(params, opt_state, next(stream), key)), args.steps)
+    return {"seconds": seconds, "temp_bytes": temp,
             "env": {k: os.environ.get(k) for k in KEEP_BLOCKS}}
 
 
@@ -134,9 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r['keep_blocks_s'] * 1e3:.1f}", f"{r['speedup']:.2f}x"] for r in rows])
     results = {"args": {k: v for k, v in vars(args).items() if k != "child"}, "libc": libc,
                "keep_blocks_env": KEEP_BLOCKS, "rows": rows}
-    path = write_results("host_allocator" + ("_quick" if args.quick else ""), results, args.json)
-    plot(rows, plot_path(path))
-    print(f"\nresults written to {path} and {plot_path(path).name}")
+    save_results("host_allocator", results, args, lambda png: plot(rows, png))
     return results
 
 

@@ -33,7 +33,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 from fold.compiler.compiler import BACKWARDS
@@ -110,10 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     worst = max(r["ratio"] for r in rows)
     print(f"\nworst ratio {worst:.2f} (goal <= {GOAL}); parameters {mb(rows[0]['params_bytes'])} MiB")
     results = {"args": vars(args), "goal": GOAL, "worst_ratio": worst, "batches": rows}
-    name = "memory" + ("_save" if args.backward == "save" else "") + ("_quick" if args.quick else "")
-    path = write_results(name, results, args.json)
-    plot(rows, plot_path(path))
-    print(f"\nresults written to {path} and {plot_path(path).name}")
+    save_results("memory" + ("_save" if args.backward == "save" else ""), results, args, lambda png: plot(rows, png))
     return results
 
 

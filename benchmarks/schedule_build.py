@@ -28,7 +28,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"with 1 worker process building ahead: {with_worker * 1e3:.1f} ms per step, the host's share is "
           f"{100 * sst_r['host_share_with_1_worker']:.0f}% (goal <= 10%)")
 
-    path = write_results("schedule_build_quick" if args.quick else "schedule_build", results, args.json)
-    plot(results, plot_path(path))
-    print(f"\nresults written to {path} and {plot_path(path).name}")
+    save_results("schedule_build", results, args, lambda png: plot(results, png))
     return results
 
 

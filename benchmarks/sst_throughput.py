@@ -35,7 +35,7 @@ import optax
 
 import fold as fd
 from benchmarks import models, sst_peers
-from benchmarks.common import add_run_flags, figure, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, median_seconds, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 from fold.compiler.compiler import BACKWARDS
@@ -178,9 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
             results["jax_per_tree"][str(hidden)] = measure_jax_per_tree(plain, word_idx, trees[:args.jax_trees],
                                                                        all_trees)
     report(results, args)
-    path = write_results("sst_throughput_quick" if args.quick else "sst_throughput", results, args.json)
-    plot(results, plot_path(path))
-    print(f"\nresults written to {path} and {plot_path(path).name}")
+    save_results("sst_throughput", results, args, lambda png: plot(results, png))
     return results
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, interleaved_medians, median_seconds, plot_path, write_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, median_seconds, save_results
 from examples.common import print_table
 from fold.compiler.compiler import BACKWARDS
 
@@ -193,9 +193,7 @@ def run_batch_size(b: int, args: argparse.Namespace, compiler: fd.Compiler, para
                      "chunk": host.layout.chunk}
         calls[name] = lambda batch=batch: fold_run(params, batch)
     for name, seconds in interleaved_medians(calls, args.repeats).items():
-        row[name]["seconds"] = seconds
-    for name in ("manual", "dynamic", "full_dynamic"):
-        row[name]["per_tree_s"] = row[name]["seconds"] / b
+        row[name].update(seconds=seconds, per_tree_s=seconds / b)
     row["cost_ratio"] = row["dynamic"]["seconds"] / row["manual"]["seconds"]
     row["full_vs_dynamic"] = row["full_dynamic"]["seconds"] / row["dynamic"]["seconds"]
     return row
@@ -256,10 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"args": vars(args), "max_abs_difference_fold_vs_manual": error, "rows": rows,
                "efficiency": efficiency, "paper_cpu": {"cost_ratio": PAPER_COST_RATIO_CPU,
                                                        "speedup_ratio": PAPER_SPEEDUP_CPU}}
-    name = f"table1_{args.mode}" + ("_quick" if args.quick else "")
-    path = write_results(name, results, args.json)
-    plot(rows, args, plot_path(path))
-    print(f"\nresults written to {path} and {plot_path(path).name}")
+    save_results(f"table1_{args.mode}", results, args, lambda png: plot(rows, args, png))
     return results
 
 

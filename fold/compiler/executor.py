@@ -242,14 +242,13 @@ class Executor:
             chunks, saved_chunks = lax.switch(arrays["items_branch"][i], branches, lparams,
                                               _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
                                               arrays["items_node"][i], arrays["items_count"][i])
-            arenas = dict(arenas)
+            arenas, saved = dict(arenas), dict(saved)
             for t, k_max in k_out.items():
-                zeros = (_I0,) * len(self.types[t].shape)
                 for k in range(k_max):
-                    start = arrays["items_out"][i, slot_index[(t, k)]]
-                    arenas[t] = lax.dynamic_update_slice(arenas[t], chunks[t][k], (start, *zeros))
-            saved = {q: _write_rows(saved[q], saved_chunks[q], self._saved_start(arrays, layout, i, q))
-                     for q in saved}
+                    arenas[t] = _write_at(arenas[t], chunks[t][k], arrays["items_out"][i, slot_index[(t, k)]])
+            for q in saved:
+                start = self._saved_start(arrays, layout, i, q)
+                saved[q] = [_write_at(b, c, start) for b, c in zip(saved[q], saved_chunks[q])]
             return i + 1, arenas, saved
 
         _, arenas, saved = lax.while_loop(lambda s: s[0] < arrays["n_items"], body,
@@ -416,9 +415,9 @@ def _regather_in_backward(call: Any) -> Any:
                           policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
 
 
-def _write_rows(buffers: list, chunks: list, start: Any) -> list:
-    """Each of ``buffers`` with its chunk written from row ``start`` on."""
-    return [lax.dynamic_update_slice(b, c, (start, *(_I0,) * (b.ndim - 1))) for b, c in zip(buffers, chunks)]
+def _write_at(buffer: jax.Array, chunk: jax.Array, start: Any) -> jax.Array:
+    """``buffer`` with ``chunk`` written from row ``start`` on (in place inside the loop)."""
+    return lax.dynamic_update_slice(buffer, chunk, (start, *(_I0,) * (buffer.ndim - 1)))
 
 
 def _check(op: Any, ys: list) -> list:
