@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from fold.blocks.types import (
 from fold.compiler.executor import Executor
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats, StatsRecorder
-from fold.scheduler.background import build_ahead
+from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.builder import BatchBuilder, gc_paused
 from fold.scheduler.plan import HostPlan, leaf_paths
 from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
@@ -241,6 +242,9 @@ class Compiler:
         self._root_leaves = out.tensor_leaves() if _root_ok(out) else []
         self._plan = HostPlan(self)
         self._stats = StatsRecorder()
+        # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the compiler.
+        self._idle_workers = IdlePool()
+        weakref.finalize(self, self._idle_workers.close)
         self.executor = Executor(self)
         self._arenas_jit = jax.jit(self.executor.arenas)
         return self
@@ -316,12 +320,14 @@ class Compiler:
 
         ``num_workers > 0`` builds batches ahead, in order, in that many
         forked worker processes while the caller computes (threads where
-        ``fork`` is unavailable; see ``fold/scheduler/background.py``). A
-        malformed example raises in the caller with its natural type; a
-        worker that dies raises ``RuntimeError``; leaving the loop early
-        shuts the workers down. Workers need spare cores to pay off: each
-        call forks them, and the caller then pays a copy-on-write page fault
-        for every page of its heap it writes (docs/performance.md).
+        ``fork`` is unavailable; see ``fold/scheduler/background.py``). The
+        examples travel to the workers by pickle. A malformed example raises
+        in the caller with its natural type; a worker that dies raises
+        ``RuntimeError``; leaving the loop early shuts the workers down.
+        Workers that delivered every batch are kept for the compiler's next
+        call: a fork costs the caller a copy-on-write page fault for every
+        page of its heap it writes afterwards (docs/performance.md), so it
+        is paid once, not once per epoch. Workers need spare cores to pay off.
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -337,7 +343,7 @@ class Compiler:
             for chunk in chunks:
                 yield self.build_batch(chunk)
             return
-        for batch in build_ahead(self, chunks, num_workers):
+        for batch in build_ahead(self, chunks, num_workers, self._idle_workers):
             self._stats.built(batch)  # counted here: workers have their own copy of the counters
             yield batch
 

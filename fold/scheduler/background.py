@@ -2,18 +2,28 @@
 
 ``build_ahead`` keeps up to ``num_workers + ahead`` batches in flight and
 yields them in order. Workers are forked, so they inherit the compiler
-and the examples (user models are full of lambdas, which cannot be
-pickled); only chunk indices travel to them and built ``Batch``es (NumPy
-arrays) travel back. Workers run host code only (the walk and NumPy),
-never JAX, which is what makes forking a process that has JAX loaded safe.
-Where ``fork`` is not available (Windows, and macOS where it is unsafe),
-threads build ahead instead.
+(user models are full of lambdas, which cannot be pickled); each batch's
+examples travel to them by pickle and built ``Batch``es (NumPy arrays)
+travel back. Workers run host code only (the walk and NumPy), never JAX,
+which is what makes forking a process that has JAX loaded safe. Where
+``fork`` is not available (Windows, and macOS where it is unsafe), threads
+build ahead instead.
+
+Workers are forked once per compiler, not once per ``batches`` call: a
+``WorkerPool`` that delivered every batch it was asked for goes back to
+the compiler's ``IdlePool`` for the next call. Forking is cheap, but for as
+long as a child lives, every page of the parent's heap is shared
+copy-on-write, and the parent pays a page fault and a copy for each page
+it writes afterwards (about 0.4 s for a training process of 850 MB, once
+per fork; docs/performance.md). The examples therefore cannot be
+inherited: a later call's examples did not exist at fork time.
 
 Failure handling: an exception raised while building (a malformed example)
 is re-raised in the consumer with its natural type; a worker that dies
 raises a ``RuntimeError`` in the consumer instead of hanging; and closing
 the generator early (``break``, an exception or KeyboardInterrupt in the
-consumer) stops the workers.
+consumer) stops the workers. A pool is only reused when nothing is left
+in flight, so a later call never reads an earlier call's batches.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: it funnels every
 result through one pipe shared by all workers, read by a manager thread.
@@ -29,8 +39,10 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -40,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["build_ahead", "uses_processes"]
+__all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool"]
 
 _JOIN_SECONDS = 2.0  # how long a stopping worker may take to finish its batch before it is killed
 
@@ -66,35 +78,57 @@ def _picklable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def _worker(conn: Connection, inherited: list[Connection], compiler: Any, chunks: Sequence[list]) -> None:
-    """A worker's life: build the chunk of every index received (until None) and send back
-    ``(ok, batch or exception, traceback)``."""
+def _worker(conn: Connection, inherited: list[Connection], compiler: Any) -> None:
+    """A worker's life: build every chunk of examples received (until None) and send back
+    ``(ok, batch or exception, traceback)``.
+
+    A thread reads the jobs as they come: otherwise a worker blocked writing a large batch that
+    the consumer is not reading yet, while the consumer is blocked writing it a large chunk of
+    examples, would wait for each other forever.
+    """
     for c in inherited:
-        c.close()  # earlier workers' parent ends: holding them would hide those pipes' end of file
+        c.close()  # other workers' parent ends: holding them would hide those pipes' end of file
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            while (chunk := conn.recv()) is not None:
+                jobs.put(chunk)
+        except (EOFError, OSError):
+            pass  # the consumer is gone: stop
+        jobs.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
     try:
-        while (i := conn.recv()) is not None:
+        while (chunk := jobs.get()) is not None:
             try:
-                message = (True, compiler._build_batch(chunks[i]), None)
+                message = (True, compiler._build_batch(chunk), None)
             except Exception as e:
                 message = (False, _picklable(e), traceback.format_exc())
             conn.send(message)
-    except (EOFError, OSError):
+    except OSError:
         pass  # the consumer is gone or closed our pipe mid-send: stop
 
 
-class _Workers:
-    """Forked workers with one duplex pipe each; chunk ``i`` goes to worker ``i % n``.
+# Parent ends of every live pool's pipes: a newly forked worker closes its inherited copies.
+_open_conns: set[Connection] = set()
 
-    Each worker handles its requests in order, so the next message on a
-    worker's pipe is the result of its oldest request, and reading the
-    pipes round-robin yields the batches in chunk order.
+
+class WorkerPool:
+    """``n`` forked workers with one duplex pipe each; job ``i`` goes to worker ``i % n``.
+
+    Each worker handles its jobs in order, so the next message on a
+    worker's pipe is the result of its oldest job, and reading the pipes
+    round-robin yields the batches in job order. ``in_flight`` counts jobs
+    whose result has not been read.
     """
 
-    def __init__(self, compiler: Any, chunks: Sequence[list], n: int):
+    def __init__(self, compiler: Any, n: int):
         ctx = multiprocessing.get_context("fork")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
+        self.in_flight = 0
         with warnings.catch_warnings():
             # JAX warns that forking a multithreaded process may deadlock; the
             # workers never call into JAX, only the host walk and NumPy.
@@ -103,23 +137,38 @@ class _Workers:
             try:
                 for _ in range(n):
                     mine, theirs = ctx.Pipe()
-                    proc = ctx.Process(target=_worker, args=(theirs, list(self.conns), compiler, chunks),
+                    proc = ctx.Process(target=_worker, args=(theirs, list(_open_conns), compiler),
                                        daemon=True, name="fold-batch-builder")
                     proc.start()
                     theirs.close()  # only the worker holds its writing end, so its death reads as end of file
+                    _open_conns.add(mine)
                     self.conns.append(mine)
                     self.procs.append(proc)
             except BaseException:
                 self.stop()
                 raise
 
-    def submit(self, i: int) -> None:
+    def usable(self, n: int) -> bool:
+        """Whether this pool has ``n`` live workers and nothing in flight."""
+        return len(self.procs) == n and self.in_flight == 0 and all(p.is_alive() for p in self.procs)
+
+    def submit(self, i: int, chunk: list) -> None:
+        """Sends job ``i``: build ``chunk``, a list of examples."""
         try:
-            self.conns[i % len(self.conns)].send(i)
+            data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise TypeError(
+                f"num_workers > 0 sends each batch's examples to the worker processes by pickle, and "
+                f"batch {i}'s examples cannot be pickled ({type(e).__name__}: {e}); "
+                "build in this process with num_workers=0") from e
+        try:
+            self.conns[i % len(self.conns)].send_bytes(data)
         except OSError as e:
             raise self._died(i % len(self.conns)) from e
+        self.in_flight += 1
 
     def result(self, i: int) -> Any:
+        """The batch of job ``i``, or its exception raised here."""
         w = i % len(self.conns)
         conn, proc = self.conns[w], self.procs[w]
         while True:
@@ -129,6 +178,7 @@ class _Workers:
                     ok, value, remote_tb = conn.recv()
                 except (EOFError, OSError) as e:
                     raise self._died(w) from e
+                self.in_flight -= 1
                 if ok:
                     return value
                 value.__cause__ = _RemoteTraceback(f"\n\"\"\"\n{remote_tb}\"\"\"")
@@ -145,12 +195,14 @@ class _Workers:
             "use num_workers=0 to build in this process and see the error")
 
     def stop(self) -> None:
-        """Tells idle workers to stop, closes the pipes, and kills any worker still busy after a grace period."""
+        """Tells idle workers to stop, closes the pipes, and kills any worker still busy after a
+        grace period. Stopping twice is harmless."""
         for conn in self.conns:
+            _open_conns.discard(conn)
             try:
                 conn.send(None)
             except OSError:
-                pass  # already dead
+                pass  # already dead or closed
             conn.close()
         deadline = time.monotonic() + _JOIN_SECONDS
         for proc in self.procs:
@@ -160,8 +212,42 @@ class _Workers:
                 proc.join()
 
 
+class IdlePool:
+    """The worker pool a compiler keeps between ``build_ahead`` calls (at most one)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: WorkerPool | None = None
+
+    def take(self, compiler: Any, n: int) -> WorkerPool:
+        """The kept pool if it has ``n`` live workers, else a newly forked one. Streams that run at
+        the same time (training and evaluation batches, say) get a pool each."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and pool.usable(n):
+            return pool
+        if pool is not None:
+            pool.stop()
+        return WorkerPool(compiler, n)
+
+    def put(self, pool: WorkerPool) -> None:
+        """Keeps ``pool`` (which must have nothing in flight) for the next call; a pool kept
+        before is stopped."""
+        with self._lock:
+            pool, self._pool = self._pool, pool
+        if pool is not None:
+            pool.stop()
+
+    def close(self) -> None:
+        """Stops the kept pool, if any."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+
+
 def _in_order(n: int, window: int, submit: Any, result: Any) -> Iterator[Any]:
-    """``result(i)`` for ``i`` in ``range(n)``, keeping up to ``window`` chunks submitted ahead."""
+    """``result(i)`` for ``i`` in ``range(n)``, keeping up to ``window`` jobs submitted ahead."""
     submitted = 0
     for i in range(n):
         while submitted < n and submitted - i < window:
@@ -181,17 +267,26 @@ def _with_threads(compiler: Any, chunks: Sequence[list], num_workers: int, ahead
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _with_processes(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int) -> Iterator[Any]:
-    workers = _Workers(compiler, chunks, num_workers)
+def _with_processes(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int,
+                    idle: IdlePool) -> Iterator[Any]:
+    pool = idle.take(compiler, num_workers)
     try:
-        yield from _in_order(len(chunks), num_workers + ahead, workers.submit, workers.result)
+        yield from _in_order(len(chunks), num_workers + ahead, lambda j: pool.submit(j, chunks[j]), pool.result)
     finally:
-        workers.stop()
+        # Kept only when every batch was read: anything still in flight would reach the next call.
+        if pool.usable(num_workers):
+            idle.put(pool)
+        else:
+            pool.stop()
 
 
-def build_ahead(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int = 2) -> Iterator[Any]:
-    """Yields the batch of every chunk, in order, built in the background (``compiler._build_batch``)."""
+def build_ahead(compiler: Any, chunks: Sequence[list], num_workers: int, idle: IdlePool,
+                ahead: int = 2) -> Iterator[Any]:
+    """Yields the batch of every chunk, in order, built in the background (``compiler._build_batch``)
+    by the workers of ``idle`` (or threads where processes cannot be forked)."""
     if not chunks:
         return
-    build = _with_processes if uses_processes() else _with_threads
-    yield from build(compiler, chunks, num_workers, ahead)
+    if uses_processes():
+        yield from _with_processes(compiler, chunks, num_workers, ahead, idle)
+    else:
+        yield from _with_threads(compiler, chunks, num_workers, ahead)

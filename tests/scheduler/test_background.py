@@ -1,7 +1,8 @@
-"""Background batch building in worker processes: order, errors, dead workers, shutdown."""
+"""Background batch building in worker processes: order, errors, dead workers, shutdown, reuse."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -58,6 +59,10 @@ def test_a_bad_example_raises_in_the_consumer_with_its_natural_type():
         for batch in compiler.batches(data, 4, num_workers=2):
             got.append(batch)
     assert len(got) == 5  # every batch before the bad one arrived
+    # Batches were still in flight when it raised: that pool is gone, and the next call works.
+    good = [[float(i)] for i in range(30)]
+    assert all(_arrays_equal(x, y) for x, y in zip(compiler.batches(good, 4, num_workers=2),
+                                                   compiler.batches(good, 4), strict=True))
 
 
 @pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
@@ -126,3 +131,59 @@ def test_leaving_early_shuts_the_workers_down():
     assert len(workers) == 2
     gen.close()
     assert not workers & {p.pid for p in multiprocessing.active_children()}
+
+
+def _builders() -> set[int]:
+    return {p.pid for p in multiprocessing.active_children() if p.name == "fold-batch-builder"}
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_a_finished_stream_keeps_its_workers_for_the_next_call():
+    # Forking costs the parent copy-on-write faults on its whole heap: once per compiler, not per
+    # epoch. The next call's examples were made after the fork, so they must travel to the workers.
+    compiler = _model()
+    before = _builders()
+    first = list(compiler.batches([[1.0, 2.0]] * 12, 4, num_workers=2))
+    assert len(first) == 3
+    workers = _builders() - before
+    assert len(workers) == 2
+    later = [[float(i)] * (i % 4) for i in range(33)]
+    stream = compiler.batches(later, 4, num_workers=2)
+    got = [next(stream)]
+    assert _builders() - before == workers  # the same processes, no new fork
+    got += list(stream)
+    assert all(_arrays_equal(x, y) for x, y in zip(got, compiler.batches(later, 4), strict=True))
+    # Asking for another number of workers replaces them.
+    list(compiler.batches(later, 4, num_workers=1))
+    assert len(_builders() - before) == 1 and not workers & _builders()
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_kept_workers_stop_with_their_compiler():
+    compiler = _model()
+    before = _builders()
+    list(compiler.batches([[1.0]] * 8, 4, num_workers=2))
+    workers = _builders() - before
+    assert len(workers) == 2
+    del compiler
+    gc.collect()
+    assert not workers & _builders()
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_examples_that_cannot_be_pickled_raise_a_clear_error():
+    compiler = fd.Compiler.create(fd.Map(fd.InputTransform(lambda f: f()) >> fd.Scalar()) >> fd.Sum())
+    data = [[lambda: 1.0, lambda: 2.0]] * 4
+    with pytest.raises(TypeError, match="batch 0's examples cannot be pickled.*num_workers=0"):
+        list(compiler.batches(data, 2, num_workers=1))
+    batch = next(compiler.batches(data, 2))
+    np.testing.assert_allclose(compiler.apply(compiler.init(jax.random.key(0)), batch).outputs, [3.0, 3.0])
+
+
+def test_large_examples_and_large_batches_do_not_block_each_other():
+    # Chunks of examples and built batches both far larger than a pipe's buffer: a worker blocked
+    # writing a batch while the consumer is blocked writing it examples deadlocked.
+    compiler = _model()
+    data = [[float(i)] * 50_000 for i in range(16)]
+    got = list(compiler.batches(data, 2, num_workers=2))
+    assert all(_arrays_equal(x, y) for x, y in zip(got, compiler.batches(data, 2), strict=True))
