@@ -83,7 +83,12 @@ class Layer(abc.ABC):
         return self.apply(params, *inputs, key=key) if self.stochastic else self.apply(params, *inputs)
 
     def check_constant_inputs(self, *inputs: np.ndarray) -> None:  # noqa: B027 (optional hook)
-        """Validates host-known input values at ``build_batch`` (override to check)."""
+        """Validates host-known input values at ``build_batch`` (override to check; raise to reject).
+
+        It sees the calls whose inputs are all constants, many at once:
+        argument ``j`` stacks input ``j`` of every such call along a new
+        leading axis. The error then names the first example that fails.
+        """
 
     def __rshift__(self, other: Any) -> Any:
         from fold.blocks.tensors import Function
@@ -192,8 +197,10 @@ class Embedding(Layer):
         return params["table"][ids]
 
     def check_constant_inputs(self, ids: np.ndarray) -> None:
-        if not self.mod_inputs and not 0 <= int(ids) < self.num_buckets:
-            raise ValueError(f"{self!r}: id {int(ids)} is outside [0, {self.num_buckets}) and mod_inputs=False")
+        bad = (ids < 0) | (ids >= self.num_buckets)
+        if not self.mod_inputs and bad.any():
+            raise ValueError(f"{self!r}: id {int(ids[bad][0])} is outside [0, {self.num_buckets}) "
+                             "and mod_inputs=False")
 
 
 def dropout(key: jax.Array | None, rate: float, x: jax.Array) -> jax.Array:

@@ -40,7 +40,8 @@ from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.builder import BatchBuilder, gc_paused
 from fold.scheduler.plan import HostPlan, leaf_paths
-from fold.scheduler.schedule import MIN_ITEM, Batch, schedule
+from fold.scheduler.schedule import MIN_ITEM, Batch, InvalidConstant, schedule
+from fold.scheduler.walk import walk
 
 __all__ = ["Compiler"]
 
@@ -275,7 +276,7 @@ class Compiler:
         return out
 
     # -------------------------------------------------------------- batches
-    def _build(self, examples: Iterable[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
+    def _build(self, examples: Sequence[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
         with gc_paused():
             builder = BatchBuilder(self)
             outputs = []
@@ -290,8 +291,25 @@ class Compiler:
                 for value in outputs:
                     for leaf, vid in enumerate(flatten_value(value)):
                         roots[leaf].append(vid)
-            batch = schedule(builder, roots, len(outputs), self.chunk_sizes, keep_host)
+            batch = self._schedule(builder, roots, examples, keep_host)
         return batch, builder, outputs
+
+    def _schedule(self, builder: BatchBuilder, roots: list[list[int]], examples: Sequence[Any],
+                  keep_host: bool) -> Batch:
+        """``schedule`` for a builder that recorded ``examples``. A layer that rejects a constant
+        input (checked for all calls at once) is reported like any malformed example: the walk,
+        which checks call by call, runs the examples again to name the first bad one and its path."""
+        try:
+            return schedule(builder, roots, len(examples), self.chunk_sizes, keep_host)
+        except InvalidConstant as e:
+            for i, x in enumerate(examples):
+                again = BatchBuilder(self)
+                again.example_index = i
+                try:
+                    walk(self.root, x, again)
+                finally:
+                    again.finish()
+            raise e.error from None
 
     def build_batch(self, examples: Iterable[Any]) -> Batch:
         """Walks every example on the host and builds its schedule (NumPy only).
@@ -409,7 +427,7 @@ class Compiler:
         builder.example_index = None
         value = builder.run(example)
         builder.finish()
-        batch = schedule(builder, [], 1, self.chunk_sizes, keep_host=True)
+        batch = self._schedule(builder, [], [example], keep_host=True)
         host = batch.host
         arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}
 

@@ -203,7 +203,8 @@ class Emitter:
     # ------------------------------------------------------------- source
     def _recorder(self, o: int) -> list[str]:
         """``rec{o}(*input ids)`` records one call of operation ``o`` (see ``BatchBuilder``);
-        ``call{o}(x)`` does it for host value ``x``."""
+        ``call{o}(x)`` does it for host value ``x``, checking constant inputs first (the walk's
+        entry point)."""
         op = self.model.ops[o]
         args = [f"i{j}" for j in range(len(op.in_paths))]
         n_out = len(op.out_tidx)
@@ -214,10 +215,6 @@ class Emitter:
             body = [f"d = v_depth[{args[0]}] + 1"]
         else:
             body = [f"d = max({', '.join(f'v_depth[{a}]' for a in args)}) + 1"]
-        if op.check_inputs is not None:
-            check = self.bind(op.check_inputs, "check")
-            body += [f"if {' and '.join(f'v_node[{a}] < 0' for a in args) or 'True'}:",
-                     f"    {check}({', '.join(f'ctx.const_value({a})' for a in args)})"]
         body += ["node = len(n_op)",
                  f"n_op.append({o})",
                  "n_depth.append(d)",
@@ -232,7 +229,16 @@ class Emitter:
                      f"v_depth.extend([d] * {n_out})", f"v_node.extend([node] * {n_out})",
                      f"v_pos.extend(range({n_out}))"]
         body.append(f"return {value_expr(op.spec.out_type, 'first')}")
-        caller = [f"def call{o}(x):", f"    return rec{o}({', '.join('x' + p for p in op.in_paths)})"]
+        caller = [f"def call{o}(x):"]
+        if op.check_inputs is not None:
+            # The walk checks each call; the plan leaves it to ``schedule``, which checks all at once.
+            check = self.bind(op.check_inputs, "check")
+            caller += [f"    {', '.join(args)}, = {', '.join('x' + p for p in op.in_paths)},",
+                       f"    if {' and '.join(f'v_node[{a}] < 0' for a in args) or 'True'}:",
+                       f"        {check}({', '.join(f'ctx.const_value({a})[None]' for a in args)})",
+                       f"    return rec{o}({', '.join(args)})"]
+        else:
+            caller.append(f"    return rec{o}({', '.join('x' + p for p in op.in_paths)})")
         return lines + ["    " + b for b in body] + caller
 
     @staticmethod

@@ -31,7 +31,8 @@ import numpy as np
 
 from fold.scheduler.builder import BatchBuilder
 
-__all__ = ["Batch", "BatchLayout", "BatchStats", "schedule", "next_pow2", "pick_chunk", "item_sizes", "MIN_ITEM"]
+__all__ = ["Batch", "BatchLayout", "BatchStats", "InvalidConstant", "schedule", "next_pow2", "pick_chunk", "item_sizes",
+           "MIN_ITEM"]
 
 MIN_ITEM = 8
 
@@ -135,6 +136,36 @@ def _register() -> None:
 _register()
 
 
+class InvalidConstant(Exception):
+    """A layer's ``check_constant_inputs`` rejected a constant; ``error`` is what it raised."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _check_constants(model: Any, n_op: np.ndarray, first_in: np.ndarray, flat_in: np.ndarray,
+                     v_node: np.ndarray, v_pos: np.ndarray, consts: dict[str, np.ndarray]) -> None:
+    """Runs each layer's ``check_constant_inputs`` once, on every call of its operation whose
+    inputs are all constants (one call of the hook per operation instead of per node)."""
+    for o, op in enumerate(model.ops):
+        if op.check_inputs is None:
+            continue
+        nodes = np.flatnonzero(n_op == o)
+        ins = flat_in[first_in[nodes][:, None] + np.arange(len(op.in_tidx))]
+        ins = ins[(v_node[ins] < 0).all(axis=1)]
+        if not len(ins):
+            continue
+        values = []
+        for j, t in enumerate(op.in_tidx):
+            table, tt = consts.get(str(t)), model.types[t]
+            values.append(np.zeros((len(ins), *tt.shape), tt.dtype) if table is None else table[v_pos[ins[:, j]]])
+        try:
+            op.check_inputs(*values)
+        except Exception as e:
+            raise InvalidConstant(e) from e
+
+
 class HostInfo(NamedTuple):
     """Where each value id landed: arena type and row (for ``eval``)."""
 
@@ -168,7 +199,8 @@ def _tail(n_op: np.ndarray, producer: np.ndarray, consumer: np.ndarray, n_ops: i
 
 def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_sizes: tuple[int, ...],
              keep_host: bool = False) -> Batch:
-    """Builds the batch arrays from a finished ``BatchBuilder``.
+    """Builds the batch arrays from a finished ``BatchBuilder``; raises ``InvalidConstant`` if a
+    layer rejects a constant input.
 
     ``roots[l]`` lists, per example, the value id of root leaf ``l``; ``chunk_sizes`` are
     the candidates for ``C``, smallest first.
@@ -252,7 +284,8 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
     # Input rows per node, in sorted order.
     max_in = max((len(op.in_tidx) for op in model.ops), default=1) or 1
     in_idx = np.zeros((S, max_in), np.int32)
-    column = np.arange(len(flat_in)) - np.repeat(np.cumsum(n_in) - n_in, n_in)
+    first_in = np.cumsum(n_in) - n_in
+    column = np.arange(len(flat_in)) - np.repeat(first_in, n_in)
     in_idx[rank[consumer], column] = v_row[flat_in]
 
     slot_of = model.slot_index  # (type, k) -> column of the out-start table
@@ -320,6 +353,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
             arr = np.zeros((arena_rows[t], *tt.shape), tt.dtype)
             arr[np.asarray(rows)] = np.asarray(values, tt.dtype).reshape(len(rows), *tt.shape)
             consts[str(t)] = arr
+    _check_constants(model, n_op, first_in, flat_in, v_node, v_pos, consts)
 
     # Roots and metrics.
     root_rows = [v_row[np.asarray(r, np.int64)].astype(np.int32) if r else np.zeros(0, np.int32)

@@ -122,3 +122,32 @@ def test_wrong_params_shape_is_a_clear_error():
         compiler.apply(bad, compiler.build_batch([[1, 2]]))
     with pytest.raises(KeyError, match="fc"):
         compiler.apply({}, compiler.build_batch([[1, 2]]))
+
+
+def test_check_constant_inputs_sees_every_constant_call_at_once_and_errors_name_the_example():
+    seen = []
+
+    class Positive(fd.Layer):
+        def init(self, key, input_type):
+            return {}
+
+        def apply(self, params, a, b):
+            return a + b
+
+        def check_constant_inputs(self, a, b):
+            seen.append((a.copy(), b.copy()))
+            if (a <= 0).any():
+                raise ValueError(f"not positive: {a[a <= 0][0]}")
+
+    layer = Positive()
+    # Calls with two constants are checked; the call with a computed input is not.
+    block = fd.Map(fd.Record((fd.Scalar(), fd.Scalar())) >> fd.Function(layer)) >> fd.Fold(
+        fd.Function(layer), fd.FromTensor(np.float32(1.0)))
+    compiler = fd.Compiler.create(block)
+    batch = compiler.build_batch([[(1.0, 2.0), (3.0, 4.0)], [(5.0, 6.0)]])
+    assert len(seen) == 1
+    a, b = seen[0]
+    assert sorted(zip(a.tolist(), b.tolist())) == [(1.0, 2.0), (3.0, 4.0), (5.0, 6.0)]
+    np.testing.assert_allclose(compiler.apply(compiler.init(jax.random.key(0)), batch).outputs, [11.0, 12.0])
+    with pytest.raises(ValueError, match=r"example 2: at .*Positive.*not positive: -1"):
+        compiler.build_batch([[(1.0, 2.0)], [(3.0, 4.0)], [(5.0, 6.0), (-1.0, 0.0)]])
