@@ -285,31 +285,32 @@ class Compiler:
                 outputs.append(builder.run(x))
             builder.example_index = None
             builder.finish()
-            n_leaves = len(self._root_leaves)
-            roots: list[list[int]] = [[] for _ in range(n_leaves)]
-            if n_leaves:
-                for value in outputs:
-                    for leaf, vid in enumerate(flatten_value(value)):
-                        roots[leaf].append(vid)
-            batch = self._schedule(builder, roots, examples, keep_host)
+            roots = self._roots(outputs)
+            try:
+                batch = schedule(self, builder.arrays(), roots, len(examples), self.chunk_sizes, keep_host)
+            except InvalidConstant as e:
+                self._raise_invalid_constant(examples, e)
         return batch, builder, outputs
 
-    def _schedule(self, builder: BatchBuilder, roots: list[list[int]], examples: Sequence[Any],
-                  keep_host: bool) -> Batch:
-        """``schedule`` for a builder that recorded ``examples``. A layer that rejects a constant
-        input (checked for all calls at once) is reported like any malformed example: the walk,
-        which checks call by call, runs the examples again to name the first bad one and its path."""
-        try:
-            return schedule(builder, roots, len(examples), self.chunk_sizes, keep_host)
-        except InvalidConstant as e:
-            for i, x in enumerate(examples):
-                again = BatchBuilder(self)
-                again.example_index = i
-                try:
-                    walk(self.root, x, again)
-                finally:
-                    again.finish()
-            raise e.error from None
+    def _roots(self, outputs: list) -> list[np.ndarray]:
+        """Per root tensor leaf, the value id it has in each example's host output."""
+        if not self._root_leaves:
+            return []
+        ids = np.asarray([flatten_value(v) for v in outputs], np.int64).reshape(len(outputs), -1)
+        return [ids[:, leaf] for leaf in range(len(self._root_leaves))]
+
+    def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant) -> None:
+        """A layer rejected a constant input (checked for all calls at once): the walk, which checks
+        call by call, runs the examples again to raise it like any malformed example, naming the
+        first bad one and its block path."""
+        for i, x in enumerate(examples):
+            again = BatchBuilder(self)
+            again.example_index = i
+            try:
+                walk(self.root, x, again)
+            finally:
+                again.finish()
+        raise e.error from None
 
     def build_batch(self, examples: Iterable[Any]) -> Batch:
         """Walks every example on the host and builds its schedule (NumPy only).
@@ -427,7 +428,10 @@ class Compiler:
         builder.example_index = None
         value = builder.run(example)
         builder.finish()
-        batch = self._schedule(builder, [], [example], keep_host=True)
+        try:
+            batch = schedule(self, builder.arrays(), [], 1, self.chunk_sizes, keep_host=True)
+        except InvalidConstant as e:
+            self._raise_invalid_constant([example], e)
         host = batch.host
         arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from fold.blocks.types import TensorType
 from fold.scheduler.walk import walk
 
-__all__ = ["BatchBuilder", "gc_paused"]
+__all__ = ["BatchBuilder", "Recorded", "gc_paused", "const_table"]
 
 
 @contextlib.contextmanager
@@ -46,6 +46,33 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+class Recorded(NamedTuple):
+    """Recorded work as arrays: what ``schedule`` reads (``BatchBuilder.arrays``, or recorded
+    examples merged into a batch). Value and node ids are positions in these arrays."""
+
+    v_type: np.ndarray          # per value id: arena (type) index
+    v_node: np.ndarray          # producing node, -1 for a constant
+    v_pos: np.ndarray           # constant's index in its type's table, or the node's output j
+    n_op: np.ndarray            # per node: operation index
+    n_depth: np.ndarray         # depth (1 + the deepest input)
+    n_inputs: np.ndarray        # input value ids of every node, node after node
+    consts: list                # per type: (values, shape (n, *type shape), zero where not filled; filled, (n,) bool)
+    metric_values: dict         # per metric: value id of each entry
+    metric_examples: dict       # per metric: example index of each entry
+
+
+def const_table(values: list, t: TensorType) -> tuple[np.ndarray, np.ndarray]:
+    """One type's constants as ``(values, filled)`` (see ``Recorded.consts``); ``None`` is zeros."""
+    n = len(values)
+    filled = np.fromiter((v is not None for v in values), bool, n)
+    if filled.all():
+        return np.asarray(values, t.dtype).reshape(n, *t.shape), filled
+    table = np.zeros((n, *t.shape), t.dtype)
+    if filled.any():
+        table[filled] = np.asarray([v for v in values if v is not None], t.dtype).reshape(-1, *t.shape)
+    return table, filled
 
 
 class BatchBuilder:
@@ -98,6 +125,17 @@ class BatchBuilder:
         traverse everything young (and now and then the whole heap) to find them."""
         self._release()
         del self._plan_run, self._callers, self._const_makers, self._release
+
+    def arrays(self) -> Recorded:
+        """What was recorded, as arrays."""
+        def ints(values: list) -> np.ndarray:
+            return np.asarray(values, np.int64)
+
+        return Recorded(ints(self.v_type), ints(self.v_node), ints(self.v_pos), ints(self.n_op),
+                        ints(self.n_depth), ints(self.n_inputs),
+                        [const_table(c, t) for c, t in zip(self.consts, self.model.types)],
+                        {k: ints(v) for k, v in self.metric_values.items()},
+                        {k: ints(v) for k, v in self.metric_examples.items()})
 
     def _mark(self) -> tuple:
         return (len(self.v_type), len(self.n_op), len(self.n_inputs), [len(c) for c in self.consts],

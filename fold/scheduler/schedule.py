@@ -29,10 +29,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fold.scheduler.builder import BatchBuilder
+from fold.scheduler.builder import Recorded
 
-__all__ = ["Batch", "BatchLayout", "BatchStats", "InvalidConstant", "schedule", "next_pow2", "pick_chunk", "item_sizes",
-           "MIN_ITEM"]
+__all__ = ["Batch", "BatchLayout", "BatchStats", "InvalidConstant", "check_constants", "schedule", "next_pow2",
+           "pick_chunk", "item_sizes", "MIN_ITEM"]
 
 MIN_ITEM = 8
 
@@ -144,24 +144,24 @@ class InvalidConstant(Exception):
         self.error = error
 
 
-def _check_constants(model: Any, n_op: np.ndarray, first_in: np.ndarray, flat_in: np.ndarray,
-                     v_node: np.ndarray, v_pos: np.ndarray, consts: dict[str, np.ndarray]) -> None:
+def check_constants(model: Any, rec: Recorded) -> None:
     """Runs each layer's ``check_constant_inputs`` once, on every call of its operation whose
-    inputs are all constants (one call of the hook per operation instead of per node)."""
+    inputs are all constants (one call of the hook per operation instead of per node); raises
+    ``InvalidConstant`` with what the hook raised."""
+    first_in = None
     for o, op in enumerate(model.ops):
         if op.check_inputs is None:
             continue
-        nodes = np.flatnonzero(n_op == o)
-        ins = flat_in[first_in[nodes][:, None] + np.arange(len(op.in_tidx))]
-        ins = ins[(v_node[ins] < 0).all(axis=1)]
+        if first_in is None:
+            n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[rec.n_op]
+            first_in = np.cumsum(n_in) - n_in
+        nodes = np.flatnonzero(rec.n_op == o)
+        ins = rec.n_inputs[first_in[nodes][:, None] + np.arange(len(op.in_tidx))]
+        ins = ins[(rec.v_node[ins] < 0).all(axis=1)]
         if not len(ins):
             continue
-        values = []
-        for j, t in enumerate(op.in_tidx):
-            table, tt = consts.get(str(t)), model.types[t]
-            values.append(np.zeros((len(ins), *tt.shape), tt.dtype) if table is None else table[v_pos[ins[:, j]]])
         try:
-            op.check_inputs(*values)
+            op.check_inputs(*(rec.consts[t][0][rec.v_pos[ins[:, j]]] for j, t in enumerate(op.in_tidx)))
         except Exception as e:
             raise InvalidConstant(e) from e
 
@@ -197,26 +197,23 @@ def _tail(n_op: np.ndarray, producer: np.ndarray, consumer: np.ndarray, n_ops: i
     return np.where(ok[n_op], dist, -1)
 
 
-def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_sizes: tuple[int, ...],
-             keep_host: bool = False) -> Batch:
-    """Builds the batch arrays from a finished ``BatchBuilder``; raises ``InvalidConstant`` if a
-    layer rejects a constant input.
+def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: int, chunk_sizes: tuple[int, ...],
+             keep_host: bool = False, check: bool = True) -> Batch:
+    """Builds the batch arrays from recorded work ``rec`` of ``model``.
 
-    ``roots[l]`` lists, per example, the value id of root leaf ``l``; ``chunk_sizes`` are
-    the candidates for ``C``, smallest first.
+    ``roots[l]`` holds, per example, the value id of root leaf ``l``; ``chunk_sizes`` are
+    the candidates for ``C``, smallest first. With ``check``, layers validate their constant
+    inputs first (``check_constants``).
     """
-    model = b.model
+    if check:
+        check_constants(model, rec)
     n_types = len(model.types)
-    n_nodes = len(b.n_op)
-    v_type = np.asarray(b.v_type, np.int64)
-    v_node = np.asarray(b.v_node, np.int64)
-    v_pos = np.asarray(b.v_pos, np.int64)
-    n_op = np.asarray(b.n_op, np.int64)
-    n_depth = np.asarray(b.n_depth, np.int64)
+    n_nodes = len(rec.n_op)
+    v_type, v_node, v_pos, n_op, n_depth = rec.v_type, rec.v_node, rec.v_pos, rec.n_op, rec.n_depth
 
     # Tail nodes move past the loop's deepest depth, farthest from a result first.
     n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[n_op]
-    flat_in = np.asarray(b.n_inputs, np.int64)
+    flat_in = rec.n_inputs
     consumer = np.repeat(np.arange(n_nodes), n_in)
     producer = v_node[flat_in]
     computed = producer >= 0
@@ -253,7 +250,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
             c_group.append(g)
             c_start.append(s0 + off)
             c_count.append(min(step, n - off))
-    cursor = np.array([len(c) for c in b.consts], np.int64)
+    cursor = np.array([len(filled) for _, filled in rec.consts], np.int64)
     max_out = max((len(op.out_tidx) for op in model.ops), default=0)
     c_base = np.zeros((len(c_group), max(max_out, 1)), np.int64)
     for c, (g, n) in enumerate(zip(c_group, c_count)):
@@ -261,7 +258,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
             c_base[c, j] = cursor[t]
             cursor[t] += n
     total_rows = int(cursor.max()) if n_types else 0
-    n_metric = max((len(v) for v in b.metric_values.values()), default=0)
+    n_metric = max((len(v) for v in rec.metric_values.values()), default=0)
     A = next_pow2(max(total_rows, n_nodes, n_metric, MIN_ITEM))
     S = A + chunk
     # Each arena holds only its own type's rows, rounded up to a power of two:
@@ -284,8 +281,7 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
     # Input rows per node, in sorted order.
     max_in = max((len(op.in_tidx) for op in model.ops), default=1) or 1
     in_idx = np.zeros((S, max_in), np.int32)
-    first_in = np.cumsum(n_in) - n_in
-    column = np.arange(len(flat_in)) - np.repeat(first_in, n_in)
+    column = np.arange(len(flat_in)) - np.repeat(np.cumsum(n_in) - n_in, n_in)
     in_idx[rank[consumer], column] = v_row[flat_in]
 
     slot_of = model.slot_index  # (type, k) -> column of the out-start table
@@ -345,28 +341,23 @@ def schedule(b: BatchBuilder, roots: list[list[int]], num_examples: int, chunk_s
 
     # Constant tables (only for types with a non-zero constant).
     consts = {}
-    for t, table in enumerate(b.consts):
-        filled = [(i, v) for i, v in enumerate(table) if v is not None]
-        if filled:
-            tt = model.types[t]
-            rows, values = zip(*filled)
-            arr = np.zeros((arena_rows[t], *tt.shape), tt.dtype)
-            arr[np.asarray(rows)] = np.asarray(values, tt.dtype).reshape(len(rows), *tt.shape)
+    for t, (values, filled) in enumerate(rec.consts):
+        if filled.any():
+            arr = np.zeros((arena_rows[t], *values.shape[1:]), values.dtype)
+            arr[:len(values)] = values
             consts[str(t)] = arr
-    _check_constants(model, n_op, first_in, flat_in, v_node, v_pos, consts)
 
     # Roots and metrics.
-    root_rows = [v_row[np.asarray(r, np.int64)].astype(np.int32) if r else np.zeros(0, np.int32)
-                 for r in roots]
+    root_rows = [v_row[r].astype(np.int32) for r in roots]
     metrics = {}
-    for name, vids in b.metric_values.items():
+    for name, vids in rec.metric_values.items():
         n = len(vids)
         rows = np.zeros(A, np.int32)
-        rows[:n] = v_row[np.asarray(vids, np.int64)]
+        rows[:n] = v_row[vids]
         mask = np.zeros(A, bool)
         mask[:n] = True
         example = np.full(A, -1, np.int32)
-        example[:n] = b.metric_examples[name]
+        example[:n] = rec.metric_examples[name]
         metrics[name] = {"rows": rows, "mask": mask, "example": example}
 
     arrays = {

@@ -31,7 +31,7 @@ def _build(compiler, examples, chunk):
     for i, e in enumerate(examples):
         builder.example_index = i
         roots.append(walk(compiler.root, e, builder))
-    return builder, schedule(builder, [roots], len(examples), (chunk,), keep_host=True)
+    return builder, schedule(compiler, builder.arrays(), [np.asarray(roots)], len(examples), (chunk,), keep_host=True)
 
 
 def test_rows_are_unique_and_items_cover_every_loop_node_once():
