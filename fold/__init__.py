@@ -57,6 +57,7 @@ from fold.blocks.types import (
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats
+from fold.scheduler.records import RecordedExamples
 from fold.scheduler.schedule import Batch, BatchStats
 
 __version__ = "0.1.0"
@@ -67,7 +68,8 @@ __all__ = [
     "FromTensor", "Function",
     "GRUCell", "GetItem", "Identity", "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max",
     "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf",
-    "Optional", "Pipe", "PyObjectType", "RNN", "Record", "Reduce", "Result", "Scalar", "SequenceType",
+    "Optional", "Pipe", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar",
+    "SequenceType",
     "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros",
     "Zip", "ZipWith", "convert_to_block", "convert_to_type",
 ]

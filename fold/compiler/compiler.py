@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import uuid
 import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,6 +41,7 @@ from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.builder import BatchBuilder, gc_paused
 from fold.scheduler.plan import HostPlan, leaf_paths
+from fold.scheduler.records import RecordedExamples, record
 from fold.scheduler.schedule import MIN_ITEM, Batch, InvalidConstant, schedule
 from fold.scheduler.walk import walk
 
@@ -243,6 +245,7 @@ class Compiler:
         self._root_leaves = out.tensor_leaves() if _root_ok(out) else []
         self._plan = HostPlan(self)
         self._stats = StatsRecorder()
+        self._token = uuid.uuid4().hex  # marks the examples this compiler records
         # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the compiler.
         self._idle_workers = IdlePool()
         weakref.finalize(self, self._idle_workers.close)
@@ -312,27 +315,61 @@ class Compiler:
                 again.finish()
         raise e.error from None
 
-    def build_batch(self, examples: Iterable[Any]) -> Batch:
+    def build_batch(self, examples: Iterable[Any] | RecordedExamples) -> Batch:
         """Walks every example on the host and builds its schedule (NumPy only).
 
         A malformed example raises KeyError, TypeError or ValueError naming
-        the example's index, the block path and what was expected.
+        the example's index, the block path and what was expected. Examples
+        recorded with ``record`` skip the walk.
         """
         batch = self._build_batch(examples)
         self._stats.built(batch)
         return batch
 
-    def _build_batch(self, examples: Iterable[Any]) -> Batch:
+    def _build_batch(self, examples: Iterable[Any] | RecordedExamples) -> Batch:
         """``build_batch`` without counting it in ``stats`` (workers use this)."""
+        if isinstance(examples, RecordedExamples):
+            if examples._owner != self._token:
+                raise ValueError("these examples were recorded by another compiler; record them with this one")
+            if not len(examples):
+                raise ValueError("build_batch needs at least one example")
+            rec, roots = examples.merged()
+            return schedule(self, rec, roots, len(examples), self.chunk_sizes, check=False)
         examples = list(examples)
         if not examples:
             raise ValueError("build_batch needs at least one example")
         return self._build(examples)[0]
 
-    def batches(self, examples: Iterable[Any], batch_size: int, shuffle: bool = False,
+    def record(self, examples: Iterable[Any]) -> RecordedExamples:
+        """Walks every example on the host once and keeps what it records as arrays.
+
+        ``build_batch`` and ``batches`` take the result (or a slice or index
+        array of it) in place of the examples, and then only gather and
+        renumber arrays instead of walking each example: for a dataset seen
+        every epoch, the walk is paid once. Errors in the examples raise here,
+        as ``build_batch`` would raise them. The recording is a snapshot:
+        it does not see later changes to the examples, and host functions
+        (``InputTransform``, ``OneOf`` keys) ran once per example, so do not
+        record examples whose host functions draw random numbers.
+
+        Example::
+
+            train = compiler.record(train_trees)
+            for epoch in range(10):
+                for batch in compiler.batches(train, 64, shuffle=True):
+                    ...
+        """
+        examples = list(examples)
+        try:
+            return record(self, examples, self._token)
+        except InvalidConstant as e:
+            self._raise_invalid_constant(examples, e)
+
+    def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None) -> Iterator[Batch]:
         """Yields built batches of ``batch_size`` examples.
 
+        ``examples`` may be examples recorded with ``record``.
         ``shuffle`` permutes the examples with ``numpy.random.default_rng(seed)``
         (fresh entropy when ``seed`` is None). The last partial batch is
         yielded unless ``drop_remainder``.
@@ -352,12 +389,15 @@ class Compiler:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        examples = list(examples)
+        recorded = isinstance(examples, RecordedExamples)
+        if not recorded:
+            examples = list(examples)
         order = np.arange(len(examples))
         if shuffle:
             order = np.random.default_rng(seed).permutation(len(examples))
         stop = len(examples) - len(examples) % batch_size if drop_remainder else len(examples)
-        chunks = [[examples[j] for j in order[i:i + batch_size]] for i in range(0, stop, batch_size)]
+        chunks = [examples[order[i:i + batch_size]] if recorded else [examples[j] for j in order[i:i + batch_size]]
+                  for i in range(0, stop, batch_size)]
         if num_workers == 0:
             for chunk in chunks:
                 yield self.build_batch(chunk)

@@ -1,0 +1,175 @@
+"""Examples walked once and kept as arrays, so that later batches skip the host walk.
+
+Walking an example (running the model's host plan over it) is most of
+what building a batch costs, and in training it gives the same result
+every epoch. ``record`` walks every example once and keeps what each
+recorded (its values, operation calls, constants, metric entries and
+root ids, numbered from 0 within the example) in flat arrays, one set
+for all examples, with each example's start offsets. A batch of recorded
+examples is then a gather of their ranges plus the offsets that renumber
+ids into the batch (``RecordedExamples.merged``), all vectorised NumPy.
+
+A merged batch computes what a batch built from the same examples
+computes. It is not identical array for array: each recorded example
+keeps its own copy of constants that a batch shares between examples
+(the zeros of an empty ``Fold``, say), so a merged batch may use a few
+more rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fold.blocks.tensors import flatten_value
+from fold.scheduler.builder import BatchBuilder, Recorded, gc_paused
+from fold.scheduler.schedule import check_constants
+
+__all__ = ["RecordedExamples", "record"]
+
+
+class _Data(NamedTuple):
+    """Recorded examples' arrays, ids local to each example; ``*_start`` (one more row than there
+    are examples) are where each example's entries begin."""
+
+    rec: Recorded            # metric_examples empty
+    roots: np.ndarray        # (examples, root leaves): value id of each root leaf
+    val_start: np.ndarray
+    node_start: np.ndarray
+    in_start: np.ndarray
+    const_start: np.ndarray  # (examples + 1, types)
+    metric_start: dict       # per metric name
+
+
+def _ranges(starts: np.ndarray, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the entries of examples ``sel`` (in that order), and each one's count."""
+    lo = starts[sel]
+    n = starts[sel + 1] - lo
+    return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum())), n
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros((len(counts) + 1, *counts.shape[1:]), np.int64)
+    np.cumsum(counts, 0, out=out[1:])
+    return out
+
+
+def _subset(d: _Data, sel: np.ndarray) -> _Data:
+    """Examples ``sel`` of ``d``, in that order."""
+    rec = d.rec
+    vi, vn = _ranges(d.val_start, sel)
+    ni, nn = _ranges(d.node_start, sel)
+    ii, inn = _ranges(d.in_start, sel)
+    consts, const_counts = [], np.zeros((len(sel), len(rec.consts)), np.int64)
+    for t, (values, filled) in enumerate(rec.consts):
+        ci, const_counts[:, t] = _ranges(d.const_start[:, t], sel)
+        consts.append((values[ci], filled[ci]))
+    metric_values, metric_start = {}, {}
+    for name, vids in rec.metric_values.items():
+        mi, mn = _ranges(d.metric_start[name], sel)
+        metric_values[name], metric_start[name] = vids[mi], _starts(mn)
+    sub = Recorded(rec.v_type[vi], rec.v_node[vi], rec.v_pos[vi], rec.n_op[ni], rec.n_depth[ni], rec.n_inputs[ii],
+                   consts, metric_values, {})
+    return _Data(sub, d.roots[sel], _starts(vn), _starts(nn), _starts(inn), _starts(const_counts), metric_start)
+
+
+def _renumber(d: _Data, sign: int) -> tuple[Recorded, np.ndarray]:
+    """``d``'s recorded work and roots with ids numbered across all its examples (``sign=1``) or,
+    from such numbering, local to each example (``sign=-1``)."""
+    rec = d.rec
+    example_of_value = np.repeat(np.arange(len(d.roots)), np.diff(d.val_start))
+    val_first = d.val_start[:-1]
+    is_const = rec.v_node < 0
+    v_pos = np.where(is_const, rec.v_pos + sign * d.const_start[example_of_value, rec.v_type], rec.v_pos)
+    v_node = np.where(is_const, rec.v_node, rec.v_node + sign * d.node_start[example_of_value])
+    n_inputs = rec.n_inputs + sign * np.repeat(val_first, np.diff(d.in_start))
+    metric_values, metric_examples = {}, {}
+    for name, vids in rec.metric_values.items():
+        counts = np.diff(d.metric_start[name])
+        metric_values[name] = vids + sign * np.repeat(val_first, counts)
+        metric_examples[name] = np.repeat(np.arange(len(d.roots)), counts) if sign > 0 else np.zeros(0, np.int64)
+    out = rec._replace(v_node=v_node, v_pos=v_pos, n_inputs=n_inputs, metric_values=metric_values,
+                       metric_examples=metric_examples if sign > 0 else {})
+    return out, d.roots + sign * val_first[:, None]
+
+
+class RecordedExamples:
+    """Examples recorded by ``compiler.record``: pass them (or a slice, or an index array) to
+    ``build_batch`` and ``batches`` in place of the examples.
+
+    Indexing with an int, a slice or an array of ints gives the recorded
+    examples it selects, in that order, without copying. Pickling (as
+    ``batches(..., num_workers=n)`` does for each batch) stores only the
+    selected examples.
+    """
+
+    def __init__(self, data: _Data, owner: str, index: np.ndarray | None = None):
+        self._data = data
+        self._owner = owner
+        self._index = np.arange(len(data.roots)) if index is None else index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"RecordedExamples({len(self)} examples)"
+
+    def __getitem__(self, key: Any) -> RecordedExamples:
+        if isinstance(key, (int, np.integer)):
+            if not -len(self) <= key < len(self):
+                raise IndexError(f"example {key} is out of range for {len(self)} recorded examples")
+            key = [key]
+        index = self._index[key] if isinstance(key, slice) else self._index[np.asarray(key, np.int64)]
+        return RecordedExamples(self._data, self._owner, index)
+
+    def _selected(self) -> _Data:
+        d = self._data
+        whole = len(self._index) == len(d.roots) and np.array_equal(self._index, np.arange(len(d.roots)))
+        return d if whole else _subset(d, self._index)
+
+    def __getstate__(self) -> dict:
+        return {"data": self._selected(), "owner": self._owner}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["data"], state["owner"])
+
+    def merged(self) -> tuple[Recorded, list[np.ndarray]]:
+        """The selected examples as one batch's recorded work, and its root ids per root leaf."""
+        rec, roots = _renumber(self._selected(), 1)
+        return rec, [roots[:, leaf] for leaf in range(roots.shape[1])]
+
+
+def record(model: Any, examples: Iterable[Any], owner: str) -> RecordedExamples:
+    """Walks every example once (see ``Compiler.record``); ``owner`` identifies the compiler.
+    Raises ``InvalidConstant`` if a layer rejects a constant input."""
+    builder = BatchBuilder(model)
+    counts, outputs = [], []
+    with gc_paused():
+        for i, x in enumerate(examples):
+            # Each example keeps its own copy of what a batch shares (zeros, memoised blocks).
+            builder._shared.clear()
+            builder.block_cache.clear()
+            counts.append(_sizes(builder))
+            builder.example_index = i
+            outputs.append(builder.run(x))
+        counts.append(_sizes(builder))
+        builder.example_index = None
+        builder.finish()
+        rec = builder.arrays()
+    check_constants(model, rec)
+    n_leaves = len(model._root_leaves)
+    roots = np.asarray([flatten_value(v) for v in outputs] if n_leaves else [], np.int64)
+    starts = np.asarray(counts, np.int64)
+    n_types = len(model.types)
+    data = _Data(rec, roots.reshape(len(outputs), n_leaves), *starts[:, :3].T, starts[:, 3:3 + n_types],
+                 {name: starts[:, 3 + n_types + k] for k, name in enumerate(rec.metric_values)})
+    local, roots = _renumber(data, -1)
+    return RecordedExamples(data._replace(rec=local, roots=roots), owner)
+
+
+def _sizes(b: BatchBuilder) -> list[int]:
+    """How many values, nodes, inputs, constants per type and entries per metric ``b`` holds."""
+    return [len(b.v_type), len(b.n_op), len(b.n_inputs), *(len(c) for c in b.consts),
+            *(len(v) for v in b.metric_values.values())]
