@@ -40,6 +40,13 @@ def add_run_flags(p: argparse.ArgumentParser, name: str, quick: str, data_dir: b
     p.add_argument("--json", default=None, help=f"results path (default benchmarks/results/{name}[_quick].json)")
 
 
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()`` and the wall time it took."""
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     """Median wall time of ``repeats`` calls of ``fn`` (call it once before to warm up)."""
     times = []

@@ -3,12 +3,14 @@
 Two workloads, one process: the SST Tree-LSTM (per-node loss) on real SST
 training trees, and the Table 1 Tree-LSTM on random 128-leaf trees. For
 SST it also times a jitted training step (value_and_grad + Adam) over one
-epoch of batches (``--step-batches``; an epoch, so that what a
-``compiler.batches`` call costs once, such as forking a worker, counts as
-it does in training): on pre-built batches (the device's time), building
+epoch of batches (``--step-batches``; median of ``--repeats`` epochs: the
+first forks the worker process, which later epochs reuse, as in training):
+on pre-built batches (the device's time), building
 each batch in the training loop (``num_workers=0``: JAX's asynchronous
 dispatch overlaps building with the previous step) and with one worker
-process. The host's share of a step is ``1 - device time / step time``.
+process; then the same from examples recorded once with ``compiler.record``
+(batches merged from arrays instead of walked). The host's share of a step
+is ``1 - device time / step time``.
 
 Reference points, printed next to the measurements: TensorFlow Fold's C++
 scheduler built on the order of 1e4 nodes/s per thread on this model (Cavs
@@ -28,7 +30,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results
+from benchmarks.common import add_run_flags, figure, median_seconds, save_results, timed
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -47,10 +49,11 @@ def build_rate(compiler: fd.Compiler, batches: list[list[Any]], repeats: int) ->
 
 
 def step_seconds(compiler: fd.Compiler, batches: list[list[Any]], repeats: int,
-                 num_workers: int | None = None) -> float:
+                 num_workers: int | None = None, recorded: fd.RecordedExamples | None = None) -> float:
     """Median time per jitted training step (compilation excluded): on pre-built batches
     (device time only) when ``num_workers`` is None, else building them with
-    ``compiler.batches(..., num_workers=num_workers)`` inside the timed loop."""
+    ``compiler.batches(..., num_workers=num_workers)`` inside the timed loop, from ``recorded``
+    (the same examples, recorded) if given."""
     optimizer = optax.adam(1e-3)
     params = compiler.init(jax.random.key(0))
     opt_state = optimizer.init(params)
@@ -60,7 +63,7 @@ def step_seconds(compiler: fd.Compiler, batches: list[list[Any]], repeats: int,
     for b in built:  # compile every layout these batches have: steady state is what is timed
         jax.block_until_ready(step(params, opt_state, b, key))
 
-    examples = [x for b in batches for x in b]
+    examples = recorded if recorded is not None else [x for b in batches for x in b]
 
     def run_all() -> None:
         p, s = params, opt_state
@@ -111,19 +114,33 @@ def main(argv: list[str] | None = None) -> dict:
     step = step_seconds(sst_compiler, step_batches, args.repeats)
     print("... building each batch in the training loop ...", flush=True)
     in_loop = step_seconds(sst_compiler, step_batches, args.repeats, num_workers=0)
-    print("... and with 1 worker process building ahead", flush=True)
+    print("... with 1 worker process building ahead", flush=True)
     with_worker = step_seconds(sst_compiler, step_batches, args.repeats, num_workers=1)
     results["sst"].update(step_batches=n_step, step_seconds=step, host_share_of_step=build / (build + step),
                           step_seconds_in_loop=in_loop, host_share_in_loop=max(0.0, 1.0 - step / in_loop),
                           step_seconds_with_1_worker=with_worker,
                           host_share_with_1_worker=max(0.0, 1.0 - step / with_worker))
+    print(f"recording the {len(all_trees)} training trees ...", flush=True)
+    recorded, record_seconds = timed(lambda: sst_compiler.record(all_trees))
+    results["sst_recorded"] = build_rate(sst_compiler, [recorded[i:i + args.batch_size] for i in
+                                                        range(0, args.batch_size * args.batches, args.batch_size)],
+                                         args.repeats)
+    step_recorded = recorded[:args.batch_size * n_step]
+    print("... and timing the step building from recorded examples, in the loop and with 1 worker", flush=True)
+    rec_in_loop = step_seconds(sst_compiler, step_batches, args.repeats, num_workers=0, recorded=step_recorded)
+    rec_worker = step_seconds(sst_compiler, step_batches, args.repeats, num_workers=1, recorded=step_recorded)
+    results["sst_recorded"].update(
+        record_seconds=record_seconds, recorded_examples=len(recorded),
+        step_seconds_in_loop=rec_in_loop, host_share_in_loop=max(0.0, 1.0 - step / rec_in_loop),
+        step_seconds_with_1_worker=rec_worker, host_share_with_1_worker=max(0.0, 1.0 - step / rec_worker))
     print(f"building {len(random_batches)} batches of {args.leaves}-leaf random trees ...", flush=True)
     table1 = fd.Compiler.create(models.table1_model(256 if not args.quick else 16, args.leaves))
     results["random_trees"] = build_rate(table1, random_batches, args.repeats)
 
     rows = [[name, f"{r['nodes_per_batch']:.0f}", f"{r['seconds_per_batch'] * 1e3:.1f}", f"{r['nodes_per_s']:.0f}",
              f"{r['nodes_per_s'] / FOLD_CPP_NODES_PER_S:.1f}", f"{r['nodes_per_s'] / GOAL_NODES_PER_S:.2f}"]
-            for name, r in (("SST Tree-LSTM", results["sst"]), (f"{args.leaves}-leaf trees", results["random_trees"]))]
+            for name, r in (("SST Tree-LSTM", results["sst"]), ("SST, recorded", results["sst_recorded"]),
+                            (f"{args.leaves}-leaf trees", results["random_trees"]))]
     print_table(f"build_batch, batch {args.batch_size}, one process",
                 ["workload", "nodes/batch", "ms/batch", "nodes/s", "x Fold C++", "x goal (3e5)"], rows)
     sst_r = results["sst"]
@@ -133,6 +150,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"{100 * sst_r['host_share_in_loop']:.0f}%")
     print(f"with 1 worker process building ahead: {with_worker * 1e3:.1f} ms per step, the host's share is "
           f"{100 * sst_r['host_share_with_1_worker']:.0f}% (goal <= 10%)")
+    rec = results["sst_recorded"]
+    print(f"\nrecording all {rec['recorded_examples']} training trees once: {rec['record_seconds']:.2f} s; then "
+          f"building a batch {rec['seconds_per_batch'] * 1e3:.1f} ms")
+    print(f"from recorded examples, in the training loop: {rec['step_seconds_in_loop'] * 1e3:.1f} ms per step, "
+          f"host share {100 * rec['host_share_in_loop']:.0f}%; with 1 worker: "
+          f"{rec['step_seconds_with_1_worker'] * 1e3:.1f} ms, {100 * rec['host_share_with_1_worker']:.0f}%")
 
     save_results("schedule_build", results, args, lambda png: plot(results, png))
     return results
@@ -140,8 +163,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def plot(results: dict, path: Any) -> None:
     """Bar chart of nodes/s per workload against Fold's C++ scheduler and the goal (log scale)."""
-    names = ["SST Tree-LSTM", "random trees"]
-    rates = [results["sst"]["nodes_per_s"], results["random_trees"]["nodes_per_s"]]
+    names = ["SST Tree-LSTM", "SST, recorded", "random trees"]
+    rates = [results["sst"]["nodes_per_s"], results["sst_recorded"]["nodes_per_s"],
+             results["random_trees"]["nodes_per_s"]]
     with figure(path) as ax:
         ax.bar(names, rates, color="tab:blue")
         ax.axhline(FOLD_CPP_NODES_PER_S, color="tab:gray", ls="--", label="TF Fold C++ (per thread)")

@@ -23,7 +23,7 @@ def test_random_tree_has_the_requested_leaves():
 def test_quick_run(tmp_path):
     out = tmp_path / "schedule_build.json"
     results = schedule_build.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])
-    for workload in ("sst", "random_trees"):
+    for workload in ("sst", "sst_recorded", "random_trees"):
         r = results[workload]
         assert r["batches"] == 2 and r["nodes"] > 0
         assert abs(r["nodes_per_s"] * r["seconds_per_batch"] * r["batches"] - r["nodes"]) < 1e-6 * r["nodes"]
@@ -32,7 +32,12 @@ def test_quick_run(tmp_path):
     assert 0 < results["sst"]["host_share_of_step"] < 1
     assert results["sst"]["step_batches"] == 2
     for how in ("in_loop", "with_1_worker"):
-        assert 0 <= results["sst"][f"host_share_{how}"] < 1 and results["sst"][f"step_seconds_{how}"] > 0
+        for workload in ("sst", "sst_recorded"):
+            r = results[workload]
+            assert 0 <= r[f"host_share_{how}"] < 1 and r[f"step_seconds_{how}"] > 0
+    # Recorded and walked batches hold the same operation calls.
+    assert results["sst_recorded"]["nodes"] == results["sst"]["nodes"]
+    assert results["sst_recorded"]["record_seconds"] > 0
     saved = json.loads(out.read_text())
     assert saved["machine"]["cores"] >= 1 and saved["sst"]["nodes"] == results["sst"]["nodes"]
     assert out.with_suffix(".png").stat().st_size > 1000
