@@ -141,9 +141,10 @@ class TorchEager(_TorchModel):
 class TorchLevels(_TorchModel):
     """PyTorch with hand-written level batching: one cell call per tree height in the batch."""
 
-    def loss(self, trees: list[tuple]) -> Any:
+    def loss(self, trees: list[tuple] | Flat) -> Any:
+        """``trees`` may come flattened already (``Flat``), as a peer that prepares its batches once would."""
         torch = self.torch
-        f = Flat(trees, self.word_idx)
+        f = trees if isinstance(trees, Flat) else Flat(trees, self.word_idx)
         start, stop = f.levels[0]
         words = torch.from_numpy(f.word[start:stop])
         known = (words >= 0).unsqueeze(1)

@@ -4,12 +4,15 @@ The model is ``benchmarks.models.sst_model`` (binary Tree-LSTM, per-node
 5-way softmax loss, SGD). For each hidden size and batch size, fold's
 trees/s is measured three ways: the device alone on pre-built batches, the
 host alone (``build_batch``), and end to end through ``compiler.batches``
-with ``--workers 0`` and with worker processes building ahead. The peers
+with ``--workers 0`` and with worker processes building ahead, and end to
+end from examples recorded once (``compiler.record``). The peers
 (``benchmarks/sst_peers.py``, the same model and loss from the same
 parameters) run on the same trees:
 
 - PyTorch eager, one tree at a time (``--peer-trees`` trees);
-- PyTorch with hand-written level batching;
+- PyTorch with hand-written level batching, flattening each batch's trees
+  every step, and (to compare with fold's recorded examples) on batches
+  flattened once before timing;
 - plain JAX ``jit`` per tree shape (once per hidden size, on
   ``--jax-trees`` trees: time with compilations, time once compiled, and
   the compile time one epoch would need for the train set's distinct shapes).
@@ -35,7 +38,7 @@ import optax
 
 import fold as fd
 from benchmarks import models, sst_peers
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results
+from benchmarks.common import add_run_flags, figure, median_seconds, save_results, timed
 from examples import sst
 from examples.common import make_train_step, print_table
 from fold.compiler.compiler import BACKWARDS
@@ -104,7 +107,10 @@ def measure_fold(trees: list, word_idx: dict, batch_size: int, hidden: int,
     flat = [x for c in chunks for x in c]
     serial = median_seconds(lambda: run(compiler.batches(flat, batch_size)), args.repeats)
     ahead = median_seconds(lambda: run(compiler.batches(flat, batch_size, num_workers=args.workers)), args.repeats)
-    return {"trees": n, "batches": len(chunks), "compile_s": compile_s,
+    recorded, record_s = timed(lambda: compiler.record(flat))
+    from_records = median_seconds(lambda: run(compiler.batches(recorded, batch_size)), args.repeats)
+    return {"trees": n, "batches": len(chunks), "compile_s": compile_s, "record_s": record_s,
+            "trees_per_s_recorded": rate(from_records, n), "host_share_recorded": max(0.0, 1.0 - device / from_records),
             "host_s_per_batch": host / len(chunks), "device_s_per_batch": device / len(chunks),
             "host_trees_per_s": rate(host, n), "device_trees_per_s": rate(device, n),
             "trees_per_s": rate(serial, n), "trees_per_s_workers": rate(ahead, n),
@@ -114,9 +120,14 @@ def measure_fold(trees: list, word_idx: dict, batch_size: int, hidden: int,
             "host_share_workers": max(0.0, 1.0 - device / ahead)}, params
 
 
-def measure_peer(make: Callable[[], Any], trees: list, batch_size: int, repeats: int) -> dict[str, float]:
-    """Trees/s of a peer's ``train_step`` over ``trees`` in batches (one warm-up batch first)."""
+def measure_peer(make: Callable[[], Any], trees: list, batch_size: int, repeats: int,
+                 prepare: Callable[[list], Any] | None = None) -> dict[str, float]:
+    """Trees/s of a peer's ``train_step`` over ``trees`` in batches (one warm-up batch first); with
+    ``prepare``, each batch is prepared once before timing and the peer trains on what it returns."""
     chunks = full_batches(trees, batch_size) or [trees]
+    n = sum(map(len, chunks))
+    if prepare is not None:
+        chunks = [prepare(c) for c in chunks]
     model = make()
     model.train_step(chunks[0])
 
@@ -124,7 +135,7 @@ def measure_peer(make: Callable[[], Any], trees: list, batch_size: int, repeats:
         for c in chunks:
             model.train_step(c)
 
-    return {"trees": sum(map(len, chunks)), "trees_per_s": rate(median_seconds(run, repeats), sum(map(len, chunks)))}
+    return {"trees": n, "trees_per_s": rate(median_seconds(run, repeats), n)}
 
 
 def measure_jax_per_tree(params: dict, word_idx: dict, trees: list, all_trees: list) -> dict[str, float]:
@@ -170,8 +181,10 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"hidden {hidden}, batch {b}: PyTorch eager and level batching ...", flush=True)
                 run["torch_eager"] = measure_peer(lambda: sst_peers.TorchEager(plain, word_idx, LEARNING_RATE),
                                                   trees[:args.peer_trees], b, 1)
-                run["torch_levels"] = measure_peer(lambda: sst_peers.TorchLevels(plain, word_idx, LEARNING_RATE),
-                                                   trees, b, args.repeats)
+                levels = lambda: sst_peers.TorchLevels(plain, word_idx, LEARNING_RATE)  # noqa: E731
+                run["torch_levels"] = measure_peer(levels, trees, b, args.repeats)
+                run["torch_levels_prepared"] = measure_peer(levels, trees, b, args.repeats,
+                                                            prepare=lambda c: sst_peers.Flat(c, word_idx))
             results["runs"].append(run)
         if not args.no_peers:
             print(f"hidden {hidden}: plain JAX jit per tree ({args.jax_trees} trees) ...", flush=True)
@@ -184,14 +197,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 def report(results: dict, args: argparse.Namespace) -> None:
     """Prints the tables, and fold's speedups over each peer."""
-    rows = []
+    rows, recorded_rows = [], []
     for r in results["runs"]:
         f = r["fold"]
         eager = r.get("torch_eager", {}).get("trees_per_s")
         levels = r.get("torch_levels", {}).get("trees_per_s")
         jit = results["jax_per_tree"].get(str(r["hidden"]), {}).get("trees_per_s_compiled")
+        prepared = r.get("torch_levels_prepared", {}).get("trees_per_s")
         r["speedup"] = {"vs_torch_eager": f["trees_per_s"] / eager if eager else None,
                         "vs_torch_levels": f["trees_per_s"] / levels if levels else None,
+                        "recorded_vs_torch_levels_prepared": f["trees_per_s_recorded"] / prepared if prepared else None,
                         "vs_jax_per_tree_compiled": f["trees_per_s"] / jit if jit else None}
         cell = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
         ratio = lambda v: f"{v:.1f}x" if v else "-"  # noqa: E731
@@ -199,9 +214,15 @@ def report(results: dict, args: argparse.Namespace) -> None:
                      cell(f["device_trees_per_s"]), cell(f["host_trees_per_s"]), f"{100 * f['host_share_serial']:.0f}%",
                      f"{100 * f['host_share_workers']:.0f}%", cell(eager), cell(levels),
                      ratio(r["speedup"]["vs_torch_eager"]), ratio(r["speedup"]["vs_torch_levels"])])
+        recorded_rows.append([r["hidden"], r["batch_size"], f"{f['record_s']:.2f}", cell(f["trees_per_s_recorded"]),
+                              f"{100 * f['host_share_recorded']:.0f}%", cell(prepared),
+                              ratio(r["speedup"]["recorded_vs_torch_levels_prepared"])])
     print_table(f"SST Tree-LSTM training, trees/s (workers = {args.workers} in the background column)",
                 ["H", "batch", "fold", "fold+workers", "device only", "host only", "host share", "share w/ workers",
                  "torch eager", "torch levels", "vs eager", "vs levels"], rows)
+    print_table("Examples prepared once: fold from compiler.record, PyTorch levels on batches flattened once",
+                ["H", "batch", "record (s)", "fold, recorded", "host share", "torch levels, prepared",
+                 "vs prepared levels"], recorded_rows)
     for hidden, j in results["jax_per_tree"].items():
         print(f"\nplain JAX jit per tree, H={hidden}: {j['trees_per_s_compiling']:.1f} trees/s while compiling "
               f"({j['compile_s_per_shape']:.2f} s per new shape), {j['trees_per_s_compiled']:.0f} trees/s once "
@@ -217,6 +238,7 @@ def plot(results: dict, path: Any) -> None:
             sizes = [r["batch_size"] for r in runs]
             ax.plot(sizes, [r["fold"]["trees_per_s"] for r in runs], "o-", label=f"fold H={hidden}")
             ax.plot(sizes, [r["fold"]["trees_per_s_workers"] for r in runs], "o:", label=f"fold+workers H={hidden}")
+            ax.plot(sizes, [r["fold"]["trees_per_s_recorded"] for r in runs], "o-.", label=f"fold recorded H={hidden}")
             for peer, style in (("torch_eager", "s--"), ("torch_levels", "^--")):
                 if peer in runs[0]:
                     ax.plot(sizes, [r[peer]["trees_per_s"] for r in runs], style, label=f"{peer} H={hidden}")

@@ -19,7 +19,8 @@ def test_quick_run(tmp_path):
     assert f["trees"] == 64 and f["batches"] == 4
     # End to end cannot beat the device alone; the shares are fractions.
     assert 0 < f["trees_per_s"] <= f["device_trees_per_s"] * 1.05
-    assert 0 <= f["host_share_serial"] < 1 and 0 <= f["host_share_workers"] < 1
+    assert 0 < f["trees_per_s_recorded"] <= f["device_trees_per_s"] * 1.05 and f["record_s"] > 0
+    assert all(0 <= f[f"host_share_{how}"] < 1 for how in ("serial", "workers", "recorded"))
     assert abs(f["host_trees_per_s"] * f["host_s_per_batch"] * f["batches"] - f["trees"]) < 1e-6 * f["trees"]
     j = r["jax_per_tree"]["16"]
     assert j["trees"] == 1 and j["distinct_shapes_in_sample"] == 1 and j["compile_s_per_shape"] > 0
@@ -27,6 +28,7 @@ def test_quick_run(tmp_path):
     if importlib.util.find_spec("torch") is not None:
         assert run["torch_eager"]["trees"] == 16 and run["torch_levels"]["trees"] == 64
         assert run["speedup"]["vs_torch_eager"] > 0 and run["speedup"]["vs_torch_levels"] > 0
+        assert run["torch_levels_prepared"]["trees"] == 64 and run["speedup"]["recorded_vs_torch_levels_prepared"] > 0
     saved = json.loads(out.read_text())
     assert saved["runs"][0]["fold"]["trees"] == 64 and saved["machine"]["cores"] >= 1
     assert out.with_suffix(".png").stat().st_size > 1000
