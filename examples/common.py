@@ -53,13 +53,16 @@ def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformati
     return train_step
 
 
-def train(compiler: fd.Compiler, params: Any, data: list, *, epochs: int, batch_size: int,
+def train(compiler: fd.Compiler, params: Any, data: list | fd.RecordedExamples, *, epochs: int, batch_size: int,
           optimizer: optax.GradientTransformation, seed: int, quiet: bool = False, num_workers: int = 0,
           on_epoch: Callable[[int, Any], dict] | None = None) -> tuple[Any, list[dict]]:
     """Trains with ``compiler.batches``; returns params and one record per epoch.
 
-    Step ``n`` runs stochastic layers with ``fold_in(key(seed), n)``.
+    Step ``n`` runs stochastic layers with ``fold_in(key(seed), n)``. The
+    examples are walked once (``compiler.record``): every epoch sees them
+    again, and batches of recorded examples are merged from arrays.
     """
+    data = compiler.record(data)
     step = make_train_step(compiler, optimizer)
     key, n = jax.random.key(seed), 0
     opt_state = optimizer.init(params)

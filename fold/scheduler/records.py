@@ -99,10 +99,12 @@ class RecordedExamples:
     """Examples recorded by ``compiler.record``: pass them (or a slice, or an index array) to
     ``build_batch`` and ``batches`` in place of the examples.
 
-    Indexing with an int, a slice or an array of ints gives the recorded
-    examples it selects, in that order, without copying. Pickling (as
-    ``batches(..., num_workers=n)`` does for each batch) stores only the
-    selected examples.
+    Indexing with an int, a slice, or an array of ints (or a boolean mask)
+    gives the recorded examples it selects, in that order, without copying.
+    Pickling (as ``batches(..., num_workers=n)`` does for each batch) stores
+    only the selected examples. Recorded examples belong to the compiler
+    that recorded them; another compiler refuses them, even one made from
+    the same model.
     """
 
     def __init__(self, data: _Data, owner: str, index: np.ndarray | None = None):
@@ -117,12 +119,24 @@ class RecordedExamples:
         return f"RecordedExamples({len(self)} examples)"
 
     def __getitem__(self, key: Any) -> RecordedExamples:
+        if isinstance(key, slice):
+            return RecordedExamples(self._data, self._owner, self._index[key])
         if isinstance(key, (int, np.integer)):
             if not -len(self) <= key < len(self):
                 raise IndexError(f"example {key} is out of range for {len(self)} recorded examples")
             key = [key]
-        index = self._index[key] if isinstance(key, slice) else self._index[np.asarray(key, np.int64)]
-        return RecordedExamples(self._data, self._owner, index)
+        key = np.asarray(key)
+        if key.dtype == bool:
+            if key.shape != (len(self),):
+                raise IndexError(f"a boolean mask over {len(self)} recorded examples needs shape ({len(self)},), "
+                                 f"got {key.shape}")
+            key = np.flatnonzero(key)
+        elif key.size == 0:
+            key = key.astype(np.int64)
+        elif key.ndim != 1 or key.dtype.kind not in "iu":
+            raise TypeError(f"recorded examples are indexed by an int, a slice, or a 1-d array of ints or bools, "
+                            f"got {key!r}")
+        return RecordedExamples(self._data, self._owner, self._index[key])
 
     def _selected(self) -> _Data:
         d = self._data
@@ -166,7 +180,11 @@ def record(model: Any, examples: Iterable[Any], owner: str) -> RecordedExamples:
     data = _Data(rec, roots.reshape(len(outputs), n_leaves), *starts[:, :3].T, starts[:, 3:3 + n_types],
                  {name: starts[:, 3 + n_types + k] for k, name in enumerate(rec.metric_values)})
     local, roots = _renumber(data, -1)
-    return RecordedExamples(data._replace(rec=local, roots=roots), owner)
+    # Ids within one example fit in 32 bits; stored for a whole dataset, 64 would double the memory.
+    small = local._replace(**{f: getattr(local, f).astype(np.int32)
+                              for f in ("v_type", "v_node", "v_pos", "n_op", "n_depth", "n_inputs")},
+                           metric_values={k: v.astype(np.int32) for k, v in local.metric_values.items()})
+    return RecordedExamples(data._replace(rec=small, roots=roots.astype(np.int32)), owner)
 
 
 def _sizes(b: BatchBuilder) -> list[int]:

@@ -118,3 +118,17 @@ def test_recording_errors_name_the_example_and_misuse_is_refused():
     with pytest.raises(IndexError, match="example 4 is out of range for 4"):
         recorded[4]
     assert len(recorded[-1]) == 1
+    with pytest.raises(TypeError, match="indexed by an int, a slice"):
+        recorded[[0.5, 1.0]]
+    with pytest.raises(IndexError, match="needs shape"):
+        recorded[np.array([True, False])]
+
+
+def test_a_boolean_mask_selects_like_its_indices():
+    compiler = fd.Compiler.create(_metric_model())
+    examples = _examples(6, seed=2)
+    recorded = compiler.record(examples)
+    mask = np.array([True, False, False, True, True, False])
+    params = compiler.init(jax.random.key(0))
+    _assert_tree_close(_results(compiler, params, compiler.build_batch(recorded[mask])),
+                       _results(compiler, params, compiler.build_batch(recorded[[0, 3, 4]])))
