@@ -89,9 +89,10 @@ def _renumber(d: _Data, sign: int) -> tuple[Recorded, np.ndarray]:
     for name, vids in rec.metric_values.items():
         counts = np.diff(d.metric_start[name])
         metric_values[name] = vids + sign * np.repeat(val_first, counts)
-        metric_examples[name] = np.repeat(np.arange(len(d.roots)), counts) if sign > 0 else np.zeros(0, np.int64)
+        if sign > 0:  # the batch's metrics say which example each entry belongs to
+            metric_examples[name] = np.repeat(np.arange(len(d.roots)), counts)
     out = rec._replace(v_node=v_node, v_pos=v_pos, n_inputs=n_inputs, metric_values=metric_values,
-                       metric_examples=metric_examples if sign > 0 else {})
+                       metric_examples=metric_examples)
     return out, d.roots + sign * val_first[:, None]
 
 

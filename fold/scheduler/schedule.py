@@ -153,7 +153,7 @@ def check_constants(model: Any, rec: Recorded) -> None:
         if op.check_inputs is None:
             continue
         if first_in is None:
-            n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[rec.n_op]
+            n_in = np.array([len(other.in_paths) for other in model.ops], np.int64)[rec.n_op]
             first_in = np.cumsum(n_in) - n_in
         nodes = np.flatnonzero(rec.n_op == o)
         ins = rec.n_inputs[first_in[nodes][:, None] + np.arange(len(op.in_tidx))]
