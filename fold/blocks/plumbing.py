@@ -269,7 +269,7 @@ class GetItem(Block):
             raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}") from None
 
     def _emit(self, em: Any, x: str) -> str:
-        return em.assign(f"{x}[{em.literal(self.key)}]")
+        return em.item(x, self.key)
 
 
 def unify_type(block: Block, out: Type) -> None:

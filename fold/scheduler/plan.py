@@ -5,8 +5,8 @@ step or a ``run_leaf`` round trip, and that plumbing was most of the host
 time. At ``Compiler.create`` the plan instead asks every block to *emit*
 the Python that does its host work (``Block._emit``): a ``Pipe`` becomes
 consecutive statements, a ``Record`` a tuple of item reads, a ``OneOf`` an
-``if`` chain, an operation call one call of a recorder generated for that
-operation, and a ``ForwardDeclaration`` one generated function per
+``if`` chain, an operation call its recording statements inlined, and a
+``ForwardDeclaration`` one generated function per
 declaration, so a tree costs one Python call per recursion level. Blocks
 that emit nothing special run their ``_host_leaf`` (leaves) or ``walk``
 (composites) from the generated code, so every block works in a plan.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -85,6 +86,7 @@ class Emitter:
         self._functions: list[list[str]] = []
         self._decl_functions: dict[Any, str] = {}
         self._metrics: dict[str, int] = {}
+        self._tuples: dict[str, list[str]] = {}  # variables holding tuples built here -> their items
 
     # ------------------------------------------------------------ building
     def var(self, prefix: str = "v") -> str:
@@ -116,8 +118,10 @@ class Emitter:
         return repr(obj) if type(obj) in (int, str) else self.bind(obj)
 
     def tuple(self, items: list[str]) -> str:
-        """Emits a tuple of the given variables; returns its variable."""
-        return self.assign("(" + "".join(f"{v}, " for v in items) + ")")
+        """Emits a tuple of the given variables; returns its variable (see ``item``)."""
+        v = self.assign("(" + "".join(f"{v}, " for v in items) + ")")
+        self._tuples[v] = list(items)
+        return v
 
     def over_list(self, block: Any, x: str, out: str, start: Callable[[], str],
                   step: Callable[[str], str]) -> None:
@@ -166,8 +170,34 @@ class Emitter:
     def call(self, block: Any, x: str) -> str:
         """One call of ``block``'s operation on host value ``x``."""
         o = self.model.block_ops[block]
-        paths = self.model.ops[o].in_paths
-        return self.assign(f"rec{o}({', '.join(x + p for p in paths)})")
+        # Inline: a Python call per node was a tenth of the plan's time.
+        args = []
+        for path in self.model.ops[o].in_paths:
+            a = x
+            for k in re.findall(r"\[(\d+)\]", path):
+                a = self.item(a, int(k))
+            args.append(a)
+        first, d, node = self.var("f"), self.var("d"), self.var("n")
+        for text in self._record_lines(o, args, first, d, node):
+            self.line(text)
+        counter = itertools.count()
+
+        def output(t: Any) -> str:
+            if isinstance(t, TensorType):
+                k = next(counter)
+                return self.assign(f"{first} + {k}") if k else first
+            if isinstance(t, TupleType):
+                return self.tuple([output(i) for i in t])
+            return self.assign("None")
+
+        return output(self.model.ops[o].spec.out_type)
+
+    def item(self, x: str, key: Any) -> str:
+        """``x[key]``; for a tuple the plan built itself, the element's variable (no lookup at run time)."""
+        items = self._tuples.get(x)
+        if items is not None and type(key) is int and -len(items) <= key < len(items):
+            return items[key]
+        return self.assign(f"{x}[{self.literal(key)}]")
 
     def const(self, ttype: Any, value: str) -> str:
         """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes."""
@@ -207,27 +237,8 @@ class Emitter:
         entry point)."""
         op = self.model.ops[o]
         args = [f"i{j}" for j in range(len(op.in_paths))]
-        n_out = len(op.out_tidx)
         lines = [f"def rec{o}({', '.join(args)}):"]
-        if not args:
-            body = ["d = 1"]
-        elif len(args) == 1:
-            body = [f"d = v_depth[{args[0]}] + 1"]
-        else:
-            body = [f"d = max({', '.join(f'v_depth[{a}]' for a in args)}) + 1"]
-        body += ["node = len(n_op)",
-                 f"n_op.append({o})",
-                 "n_depth.append(d)",
-                 "first = len(v_type)"]
-        if args:
-            body.append(f"n_inputs.append({args[0]})" if len(args) == 1 else f"n_inputs.extend(({', '.join(args)}))")
-        if n_out == 1:
-            body += [f"v_type.append({op.out_tidx[0]})", "v_depth.append(d)", "v_node.append(node)",
-                     "v_pos.append(0)"]
-        else:
-            body += [f"v_type.extend({self.bind(tuple(op.out_tidx), 'types')})",
-                     f"v_depth.extend([d] * {n_out})", f"v_node.extend([node] * {n_out})",
-                     f"v_pos.extend(range({n_out}))"]
+        body = self._record_lines(o, args, "first", "d", "node")
         body.append(f"return {value_expr(op.spec.out_type, 'first')}")
         caller = [f"def call{o}(x):"]
         if op.check_inputs is not None:
@@ -240,6 +251,29 @@ class Emitter:
         else:
             caller.append(f"    return rec{o}({', '.join('x' + p for p in op.in_paths)})")
         return lines + ["    " + b for b in body] + caller
+
+    def _record_lines(self, o: int, args: list[str], first: str, d: str, node: str) -> list[str]:
+        """Statements recording one call of operation ``o`` on the value ids in variables ``args``:
+        they set ``d`` (its depth), ``node`` and ``first`` (its first output's value id)."""
+        op = self.model.ops[o]
+        n_out = len(op.out_tidx)
+        if not args:
+            lines = [f"{d} = 1"]
+        elif len(args) == 1:
+            lines = [f"{d} = v_depth[{args[0]}] + 1"]
+        else:
+            lines = [f"{d} = max({', '.join(f'v_depth[{a}]' for a in args)}) + 1"]
+        lines += [f"{node} = len(n_op)", f"n_op.append({o})", f"n_depth.append({d})", f"{first} = len(v_type)"]
+        if args:
+            lines.append(f"n_inputs.append({args[0]})" if len(args) == 1 else f"n_inputs.extend(({', '.join(args)}))")
+        if n_out == 1:
+            lines += [f"v_type.append({op.out_tidx[0]})", f"v_depth.append({d})", f"v_node.append({node})",
+                      "v_pos.append(0)"]
+        else:
+            lines += [f"v_type.extend({self.bind(tuple(op.out_tidx), 'types')})",
+                      f"v_depth.extend([{d}] * {n_out})", f"v_node.extend([{node}] * {n_out})",
+                      f"v_pos.extend(range({n_out}))"]
+        return lines
 
     @staticmethod
     def _const_maker(t: int) -> list[str]:
