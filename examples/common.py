@@ -62,7 +62,7 @@ def train(compiler: fd.Compiler, params: Any, data: list | fd.RecordedExamples, 
     examples are walked once (``compiler.record``): every epoch sees them
     again, and batches of recorded examples are merged from arrays.
     """
-    data = compiler.record(data)
+    data = compiler.record(data, progress=not quiet)
     step = make_train_step(compiler, optimizer)
     key, n = jax.random.key(seed), 0
     opt_state = optimizer.init(params)

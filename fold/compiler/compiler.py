@@ -340,7 +340,7 @@ class Compiler:
             raise ValueError("build_batch needs at least one example")
         return self._build(examples)[0]
 
-    def record(self, examples: Iterable[Any]) -> RecordedExamples:
+    def record(self, examples: Iterable[Any], progress: bool = False) -> RecordedExamples:
         """Walks every example on the host once and keeps what it records as arrays.
 
         ``build_batch`` and ``batches`` take the result (or a slice or index
@@ -351,6 +351,7 @@ class Compiler:
         it does not see later changes to the examples, and host functions
         (``InputTransform``, ``OneOf`` keys) ran once per example, so do not
         record examples whose host functions draw random numbers.
+        ``progress=True`` shows a progress bar (needs ``tqdm``).
 
         Example::
 
@@ -360,8 +361,15 @@ class Compiler:
                     ...
         """
         examples = list(examples)
+        walked: Iterable[Any] = examples
+        if progress:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError as e:
+                raise ImportError("record(progress=True) needs tqdm: pip install tqdm") from e
+            walked = tqdm(examples, desc="recording examples", unit="ex")
         try:
-            return record(self, examples, self._token)
+            return record(self, walked, self._token)
         except InvalidConstant as e:
             self._raise_invalid_constant(examples, e)
 

@@ -132,3 +132,10 @@ def test_a_boolean_mask_selects_like_its_indices():
     params = compiler.init(jax.random.key(0))
     _assert_tree_close(_results(compiler, params, compiler.build_batch(recorded[mask])),
                        _results(compiler, params, compiler.build_batch(recorded[[0, 3, 4]])))
+
+
+def test_recording_can_show_progress(capsys):
+    compiler = fd.Compiler.create(_metric_model())
+    recorded = compiler.record(_examples(7), progress=True)
+    assert len(recorded) == 7
+    assert "recording examples" in capsys.readouterr().err
