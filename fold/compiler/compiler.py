@@ -15,7 +15,7 @@ import uuid
 import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -302,7 +302,7 @@ class Compiler:
         ids = np.asarray([flatten_value(v) for v in outputs], np.int64).reshape(len(outputs), -1)
         return [ids[:, leaf] for leaf in range(len(self._root_leaves))]
 
-    def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant) -> None:
+    def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant) -> NoReturn:
         """A layer rejected a constant input (checked for all calls at once): the walk, which checks
         call by call, runs the examples again to raise it like any malformed example, naming the
         first bad one and its block path."""
