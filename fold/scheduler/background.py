@@ -52,6 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from fold.scheduler.records import ByReference, RecordedExamples, next_serial
+
 __all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool"]
 
 _JOIN_SECONDS = 2.0  # how long a stopping worker may take to finish its batch before it is killed
@@ -103,6 +105,8 @@ def _worker(conn: Connection, inherited: list[Connection], compiler: Any) -> Non
     try:
         while (chunk := jobs.get()) is not None:
             try:
+                if isinstance(chunk, ByReference):
+                    chunk = chunk.resolve()
                 message = (True, compiler._build_batch(chunk), None)
             except Exception as e:
                 message = (False, _picklable(e), traceback.format_exc())
@@ -129,6 +133,7 @@ class WorkerPool:
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.in_flight = 0
+        self.born = next_serial()  # recordings made before this, the workers hold
         with warnings.catch_warnings():
             # JAX warns that forking a multithreaded process may deadlock; the
             # workers never call into JAX, only the host walk and NumPy.
@@ -153,7 +158,10 @@ class WorkerPool:
         return len(self.procs) == n and self.in_flight == 0 and all(p.is_alive() for p in self.procs)
 
     def submit(self, i: int, chunk: list) -> None:
-        """Sends job ``i``: build ``chunk``, a list of examples."""
+        """Sends job ``i``: build ``chunk``, a list of examples or recorded examples (by reference
+        when the workers hold their recording: indices instead of arrays)."""
+        if isinstance(chunk, RecordedExamples):
+            chunk = chunk.by_reference(self.born) or chunk
         try:
             data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:

@@ -18,6 +18,8 @@ more rows.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -27,7 +29,7 @@ from fold.blocks.tensors import flatten_value
 from fold.scheduler.builder import BatchBuilder, Recorded, gc_paused
 from fold.scheduler.schedule import check_constants
 
-__all__ = ["RecordedExamples", "record"]
+__all__ = ["RecordedExamples", "ByReference", "record", "next_serial"]
 
 
 class _Data(NamedTuple):
@@ -96,22 +98,69 @@ def _renumber(d: _Data, sign: int) -> tuple[Recorded, np.ndarray]:
     return out, d.roots + sign * val_first[:, None]
 
 
+# The recordings alive in this process, by serial number. A worker forked after a recording was made
+# holds a copy of it, so the consumer can send that worker indices instead of arrays (``ByReference``).
+_recordings: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_serials = itertools.count()
+
+
+def next_serial() -> int:
+    """A number above the serial of every recording made so far in this process."""
+    return next(_serials)
+
+
+class _Store:
+    """One recording's arrays, registered under a serial number while alive."""
+
+    __slots__ = ("data", "serial", "__weakref__")
+
+    def __init__(self, data: _Data):
+        self.data = data
+        self.serial = next_serial()
+        _recordings[self.serial] = self
+
+
+class ByReference(NamedTuple):
+    """Recorded examples named by their recording's serial number and their indices: what a worker
+    forked after the recording was made needs (``RecordedExamples.by_reference``)."""
+
+    serial: int
+    owner: str
+    index: np.ndarray
+
+    def resolve(self) -> RecordedExamples:
+        """The recorded examples, in a process that holds the recording."""
+        store = _recordings.get(self.serial)
+        if store is None:
+            raise RuntimeError(f"recording {self.serial} is not in this process")
+        return RecordedExamples(store, self.owner, self.index)
+
+
 class RecordedExamples:
     """Examples recorded by ``compiler.record``: pass them (or a slice, or an index array) to
     ``build_batch`` and ``batches`` in place of the examples.
 
     Indexing with an int, a slice, or an array of ints (or a boolean mask)
     gives the recorded examples it selects, in that order, without copying.
-    Pickling (as ``batches(..., num_workers=n)`` does for each batch) stores
-    only the selected examples. Recorded examples belong to the compiler
+    Pickling stores only the selected examples; ``batches(..., num_workers=n)``
+    sends workers forked after the recording was made only the indices. Recorded examples belong to the compiler
     that recorded them; another compiler refuses them, even one made from
     the same model.
     """
 
-    def __init__(self, data: _Data, owner: str, index: np.ndarray | None = None):
-        self._data = data
+    def __init__(self, store: _Store, owner: str, index: np.ndarray | None = None):
+        self._store = store
         self._owner = owner
-        self._index = np.arange(len(data.roots)) if index is None else index
+        self._index = np.arange(len(store.data.roots)) if index is None else index
+
+    @property
+    def _data(self) -> _Data:
+        return self._store.data
+
+    def by_reference(self, before: int) -> ByReference | None:
+        """These examples as a ``ByReference`` if their recording was made before serial ``before``
+        (so a process forked then has it), else None."""
+        return ByReference(self._store.serial, self._owner, self._index) if self._store.serial < before else None
 
     def __len__(self) -> int:
         return len(self._index)
@@ -121,7 +170,7 @@ class RecordedExamples:
 
     def __getitem__(self, key: Any) -> RecordedExamples:
         if isinstance(key, slice):
-            return RecordedExamples(self._data, self._owner, self._index[key])
+            return RecordedExamples(self._store, self._owner, self._index[key])
         if isinstance(key, (int, np.integer)):
             if not -len(self) <= key < len(self):
                 raise IndexError(f"example {key} is out of range for {len(self)} recorded examples")
@@ -137,7 +186,7 @@ class RecordedExamples:
         elif key.ndim != 1 or key.dtype.kind not in "iu":
             raise TypeError(f"recorded examples are indexed by an int, a slice, or a 1-d array of ints or bools, "
                             f"got {key!r}")
-        return RecordedExamples(self._data, self._owner, self._index[key])
+        return RecordedExamples(self._store, self._owner, self._index[key])
 
     def _selected(self) -> _Data:
         d = self._data
@@ -148,7 +197,7 @@ class RecordedExamples:
         return {"data": self._selected(), "owner": self._owner}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["data"], state["owner"])
+        self.__init__(_Store(state["data"]), state["owner"])
 
     def merged(self) -> tuple[Recorded, list[np.ndarray]]:
         """The selected examples as one batch's recorded work, and its root ids per root leaf."""
@@ -185,7 +234,7 @@ def record(model: Any, examples: Iterable[Any], owner: str) -> RecordedExamples:
     small = local._replace(**{f: getattr(local, f).astype(np.int32)
                               for f in ("v_type", "v_node", "v_pos", "n_op", "n_depth", "n_inputs")},
                            metric_values={k: v.astype(np.int32) for k, v in local.metric_values.items()})
-    return RecordedExamples(data._replace(rec=small, roots=roots.astype(np.int32)), owner)
+    return RecordedExamples(_Store(data._replace(rec=small, roots=roots.astype(np.int32))), owner)
 
 
 def _sizes(b: BatchBuilder) -> list[int]:

@@ -139,3 +139,30 @@ def test_recording_can_show_progress(capsys):
     recorded = compiler.record(_examples(7), progress=True)
     assert len(recorded) == 7
     assert "recording examples" in capsys.readouterr().err
+
+
+def test_workers_forked_after_a_recording_get_indices_and_later_recordings_travel_whole():
+    from fold.scheduler.records import next_serial
+
+    compiler = fd.Compiler.create(_metric_model())
+    early_examples, late_examples = _examples(20, seed=4), _examples(20, seed=5)
+    early = compiler.record(early_examples)
+    born = next_serial()
+    late = compiler.record(late_examples)
+    ref = early[[3, 1]].by_reference(born)
+    assert ref is not None and late[[3, 1]].by_reference(born) is None
+    many = np.arange(15)
+    assert len(pickle.dumps(early[many].by_reference(born))) * 5 < len(pickle.dumps(early[many]))
+    params = compiler.init(jax.random.key(0))
+    _assert_tree_close(_results(compiler, params, compiler.build_batch(ref.resolve())),
+                       _results(compiler, params, compiler.build_batch([early_examples[3], early_examples[1]])))
+    # End to end: the workers are forked at the first call, after `early` and `late` were made; a
+    # recording made after that reaches them as arrays. All give the walked batches.
+    newest_examples = _examples(20, seed=6)
+    for data, examples in ((early, early_examples), (late, late_examples), (None, newest_examples)):
+        data = compiler.record(examples) if data is None else data
+        got = list(compiler.batches(data, 6, shuffle=True, seed=1, num_workers=1))
+        want = list(compiler.batches(examples, 6, shuffle=True, seed=1))
+        assert len(got) == len(want) == 4
+        for x, y in zip(got, want):
+            _assert_tree_close(_results(compiler, params, x), _results(compiler, params, y))
