@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -99,9 +98,7 @@ def measure_fold(trees: list, word_idx: dict, batch_size: int, hidden: int,
 
     built = [compiler.build_batch(c) for c in chunks]  # also warms the host walk up
     host = median_seconds(lambda: [compiler.build_batch(c) for c in chunks], args.repeats)
-    start = time.perf_counter()
-    run(built[:1])
-    compile_s = time.perf_counter() - start
+    _, compile_s = timed(lambda: run(built[:1]))
     run(built)  # compiles the other layouts these batches have: steady state is what is timed
     device = median_seconds(lambda: run(built), args.repeats)
     flat = [x for c in chunks for x in c]
@@ -142,12 +139,8 @@ def measure_jax_per_tree(params: dict, word_idx: dict, trees: list, all_trees: l
     """Plain JAX jit per tree shape: first pass (compiling each new shape), second pass (all compiled),
     and the compile time one epoch over ``all_trees`` would need."""
     model = sst_peers.JaxPerTree(params, word_idx, LEARNING_RATE)
-    start = time.perf_counter()
-    model.train_step(trees)
-    cold = time.perf_counter() - start
-    start = time.perf_counter()
-    model.train_step(trees)
-    warm = time.perf_counter() - start
+    _, cold = timed(lambda: model.train_step(trees))
+    _, warm = timed(lambda: model.train_step(trees))
     shapes = len({sst_peers.shape_of(t) for t in all_trees})
     per_shape = max(cold - warm, 0.0) / len(model.compiled)
     return {"trees": len(trees), "distinct_shapes_in_sample": len(model.compiled),

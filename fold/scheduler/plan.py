@@ -48,17 +48,21 @@ def leaf_paths(t: Any, path: str = "") -> list[str]:
     return []  # void
 
 
-def value_expr(t: Any, first: str) -> str:
-    """An expression for the host value of type ``t`` whose tensor ids are ``first, first + 1, ...``."""
+def value_expr(t: Any, first: str, leaf: Callable[[str], str] = lambda e: e,
+               tup: Callable[[list[str]], str] = lambda items: "(" + "".join(f"{v}, " for v in items) + ")",
+               void: Callable[[], str] = lambda: "None") -> str:
+    """An expression for the host value of type ``t`` whose tensor ids are ``first, first + 1, ...``.
+    ``leaf``, ``tup`` and ``void`` make each part from its id expression or items (the emitter passes
+    ones that emit statements and return variables)."""
     counter = itertools.count()
 
     def expr(t: Any) -> str:
         if isinstance(t, TensorType):
             k = next(counter)
-            return f"{first} + {k}" if k else first
+            return leaf(f"{first} + {k}" if k else first)
         if isinstance(t, TupleType):
-            return "(" + "".join(f"{expr(i)}, " for i in t) + ")"
-        return "None"
+            return tup([expr(i) for i in t])
+        return void()
 
     return expr(t)
 
@@ -180,17 +184,8 @@ class Emitter:
         first, d, node = self.var("f"), self.var("d"), self.var("n")
         for text in self._record_lines(o, args, first, d, node):
             self.line(text)
-        counter = itertools.count()
-
-        def output(t: Any) -> str:
-            if isinstance(t, TensorType):
-                k = next(counter)
-                return self.assign(f"{first} + {k}") if k else first
-            if isinstance(t, TupleType):
-                return self.tuple([output(i) for i in t])
-            return self.assign("None")
-
-        return output(self.model.ops[o].spec.out_type)
+        return value_expr(self.model.ops[o].spec.out_type, first, leaf=lambda e: e if e == first else self.assign(e),
+                          tup=self.tuple, void=lambda: self.assign("None"))
 
     def item(self, x: str, key: Any) -> str:
         """``x[key]``; for a tuple the plan built itself, the element's variable (no lookup at run time)."""
