@@ -64,13 +64,14 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, Any] = {
         "args": vars(args), "trees": len(trees), "batches": s.batches, "layouts": s.layouts,
         "compilations": s.traces, "goal": GOAL, "size_classes": {str(k): v for k, v in s.size_classes.items()},
-        "occupancy": s.occupancy, "min_occupancy": s.min_occupancy, "epoch_seconds": epoch_seconds,
+        "occupancy": s.occupancy, "min_occupancy": s.min_occupancy, "saving": s.saving, "epoch_seconds": epoch_seconds,
         "first_steps_of_new_layouts_seconds": compile_seconds, "steps": per_step}
     print_table(f"one SST epoch at batch {args.batch_size}", ["quantity", "value"], [
         ["batches", s.batches], ["distinct layouts", s.layouts],
         ["compilations (traces of the step)", f"{s.traces} (goal <= {GOAL})"],
         ["batches per size class", ", ".join(f"A={k}: {v}" for k, v in s.size_classes.items())],
         ["bucket occupancy (mean / min)", f"{s.occupancy:.2f} / {s.min_occupancy:.2f}"],
+        ["batches saving matmul outputs (backward)", s.saving],
         ["epoch seconds (first steps of new layouts)", f"{epoch_seconds:.1f} ({compile_seconds:.1f})"]])
     save_results("compile_count", results, args, lambda png: plot(per_step, png))
     return results

@@ -52,7 +52,7 @@ KEEP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": s
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
-    p.add_argument("--backward", choices=BACKWARDS, nargs="+", default=list(BACKWARDS))
+    p.add_argument("--backward", choices=BACKWARDS, nargs="+", default=["recompute", "save"])
     p.add_argument("--rounds", type=int, default=3, help="child processes per configuration and allocator")
     p.add_argument("--steps", type=int, default=32, help="timed steps per child process")
     p.add_argument("--hidden", type=int, default=150)

@@ -6,8 +6,9 @@ on batches of ``--batch-size`` real SST trees. For each batch:
 - **activation bytes**: the rows the schedule really fills, over every
   arena (constants and every node's outputs) times their row size: the
   values a reverse-mode pass must keep, since fold recomputes everything
-  else in its backward loop (with ``--backward save`` it also keeps each
-  loop item's matmul outputs: more memory, which this measures);
+  else in its backward loop (when a batch saves each loop item's matmul
+  outputs, ``--backward save`` always and ``auto`` below its ``save_limit``,
+  those are more memory, which this measures);
 - **arena bytes**: what the executor allocates for them (``A + C`` rows per
   type; ``A`` is the batch's power-of-two size class);
 - **step temporaries**: XLA's buffer assignment for the compiled step
@@ -47,8 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=4, help="random batches to measure")
     p.add_argument("--hidden", type=int, default=150)
     p.add_argument("--embed-size", type=int, default=100)
-    p.add_argument("--backward", choices=BACKWARDS, default="recompute",
-                   help="fold's backward through the loop (results go to memory_save.json for save)")
+    p.add_argument("--backward", choices=BACKWARDS, default="auto",
+                   help="fold's backward through the loop (results go to memory_NAME.json unless auto)")
     add_run_flags(p, "memory", "the committed sample, tiny model")
     args = p.parse_args(argv)
     if args.quick:
@@ -74,6 +75,7 @@ def measure(compiler: fd.Compiler, step: Any, params: Any, opt_state: Any, trees
     activation = sum(r * s for r, s in zip(rows, sizes))
     return {
         "trees": len(trees), "nodes": batch.stats.num_nodes, "size_class": batch.layout.size_class,
+        "saves": bool(batch.layout.saved_rows),
         "occupancy": batch.stats.rows / batch.layout.size_class,
         "activation_bytes": activation,
         "float_activation_bytes": sum(rows[i] * sizes[i] for i in floats),
@@ -104,13 +106,16 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(measure(compiler, step, params, opt_state, rng.sample(all_trees, args.batch_size)))
     mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     print_table(f"SST training step at batch {args.batch_size}, H={args.hidden}, backward={args.backward} (MiB)",
-                ["nodes", "A", "occupancy", "activations", "arenas", "step temporaries", "temp / activations"],
-                [[r["nodes"], r["size_class"], f"{r['occupancy']:.2f}", mb(r["activation_bytes"]),
-                  mb(r["arena_bytes"]), mb(r["temp_bytes"]), f"{r['ratio']:.2f}"] for r in rows])
+                ["nodes", "A", "occupancy", "saves", "activations", "arenas", "step temporaries",
+                 "temp / activations"],
+                [[r["nodes"], r["size_class"], f"{r['occupancy']:.2f}", "yes" if r["saves"] else "no",
+                  mb(r["activation_bytes"]), mb(r["arena_bytes"]), mb(r["temp_bytes"]), f"{r['ratio']:.2f}"]
+                 for r in rows])
     worst = max(r["ratio"] for r in rows)
     print(f"\nworst ratio {worst:.2f} (goal <= {GOAL}); parameters {mb(rows[0]['params_bytes'])} MiB")
     results = {"args": vars(args), "goal": GOAL, "worst_ratio": worst, "batches": rows}
-    save_results("memory" + ("_save" if args.backward == "save" else ""), results, args, lambda png: plot(rows, png))
+    name = "memory" if args.backward == "auto" else f"memory_{args.backward}"
+    save_results(name, results, args, lambda png: plot(rows, png))
     return results
 
 

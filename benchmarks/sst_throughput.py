@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trees", type=int, default=2048, help="training trees per fold and level-batching run")
     p.add_argument("--peer-trees", type=int, default=256, help="trees for PyTorch eager (slow)")
     p.add_argument("--jax-trees", type=int, default=16, help="trees for JAX jit per tree (compiles per shape)")
-    p.add_argument("--backward", choices=BACKWARDS, default="recompute", help="fold's backward through the loop")
+    p.add_argument("--backward", choices=BACKWARDS, default="auto", help="fold's backward through the loop")
     p.add_argument("--workers", type=int, default=1, help="worker processes for the background run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-peers", action="store_true", help="measure fold only")

@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256, help="H (the paper used 1024 on its machines)")
     p.add_argument("--chunk-size", type=int, nargs="+", default=[128, 512],
                    help="fold's candidates for C, the most rows per loop iteration (Compiler.create's chunk_size)")
-    p.add_argument("--backward", choices=BACKWARDS, default="recompute",
+    p.add_argument("--backward", choices=BACKWARDS, default="auto",
                    help="fold's backward through the loop (Compiler.create's backward; train mode only)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

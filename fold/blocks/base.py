@@ -288,7 +288,7 @@ class Block:
 
         if self._eval_compiler is None:
             # Small chunks: one branch per operation keeps notebook compiles quick.
-            self._eval_compiler = Compiler._create(self, any_root=True, chunk_size=8)
+            self._eval_compiler = Compiler._create(self, any_root=True, chunk_size=8, backward="recompute")
         return self._eval_compiler
 
 

@@ -47,7 +47,9 @@ from fold.scheduler.walk import walk
 
 __all__ = ["Compiler"]
 
-BACKWARDS = ("recompute", "save")  # how the loop's backward pass gets each item's vjp
+BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
+# backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
+SAVE_LIMIT = 16 * 2**20
 
 
 class CompiledOp:
@@ -122,7 +124,7 @@ class Compiler:
 
     @classmethod
     def create(cls, root_block: Any, chunk_size: int | Sequence[int] = (128, 512),
-               backward: str = "recompute") -> Compiler:
+               backward: str = "auto", save_limit: int = SAVE_LIMIT) -> Compiler:
         """Validates and type-checks ``root_block`` and enumerates its operations.
 
         ``chunk_size`` is C, the most rows a loop iteration runs, or several
@@ -133,21 +135,28 @@ class Compiler:
         ``backward`` picks how gradients of the loop are computed:
         ``"recompute"`` runs each loop item's forward pass again before its
         ``vjp`` (memory stays at the arenas), ``"save"`` keeps each item's
-        matmul outputs from the forward pass, one row per loop row (faster for
-        some models, slower for others on the CPUs we measured: see
-        docs/performance.md; about twice the temporaries for LSTM cells).
+        matmul outputs from the forward pass, one row per loop row (fewer
+        FLOPs, more memory: about twice the temporaries for LSTM cells), and
+        ``"auto"`` decides per batch: it saves when those buffers take at most
+        ``save_limit`` bytes. On the CPUs we measured, saving was faster
+        while the buffers stayed small and slower once they grew large
+        (docs/performance.md); ``batch.layout.saved_rows`` is non-empty when
+        a batch saves.
         """
-        return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward)
+        return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward,
+                           save_limit=save_limit)
 
     @classmethod
     def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = (128, 512),
-                backward: str = "recompute") -> Compiler:
+                backward: str = "auto", save_limit: int = SAVE_LIMIT) -> Compiler:
         sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)
         if not sizes or any(not isinstance(c, (int, np.integer)) or c < MIN_ITEM or c & (c - 1) for c in sizes):
             raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM} or a sequence of them, "
                              f"got {chunk_size!r}")
         if backward not in BACKWARDS:
             raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+        if isinstance(save_limit, bool) or not isinstance(save_limit, (int, np.integer)) or save_limit < 0:
+            raise ValueError(f"save_limit must be a number of bytes >= 0, got {save_limit!r}")
         self = cls(_internal=True)
         root = convert_to_block(root_block)
         if root.input_type is None:
@@ -179,6 +188,8 @@ class Compiler:
         self.root = root
         self.chunk_sizes = tuple(sorted({int(c) for c in sizes}))
         self.backward = backward
+        self.save_limit = int(save_limit)
+        self._saved_bytes: dict[int, tuple[int, ...]] = {}  # C -> per op, saved bytes per loop row
 
         # Arena types: every tensor type that appears anywhere.
         tensor_types: list[TensorType] = []
@@ -279,6 +290,16 @@ class Compiler:
         return out
 
     # -------------------------------------------------------------- batches
+    def saved_row_bytes(self, chunk: int) -> tuple[int, ...]:
+        """Per operation (in ``ops`` order), the bytes that ``backward="save"`` keeps per loop row
+        with chunk size ``chunk``: 0 where it keeps nothing. Computed from shapes alone
+        (``jax.eval_shape``) on first use."""
+        if chunk not in self._saved_bytes:
+            params = jax.eval_shape(self.init, jax.random.key(0))
+            self._saved_bytes[chunk] = tuple(self.executor.saved_row_bytes(o, params, chunk)
+                                             for o in range(len(self.ops)))
+        return self._saved_bytes[chunk]
+
     def _build(self, examples: Sequence[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
         with gc_paused():
             builder = BatchBuilder(self)
@@ -410,6 +431,9 @@ class Compiler:
             for chunk in chunks:
                 yield self.build_batch(chunk)
             return
+        if self.backward != "recompute":
+            for c in self.chunk_sizes:  # in this process: tracing in a forked child is not safe
+                self.saved_row_bytes(c)
         for batch in build_ahead(self, chunks, num_workers, self._idle_workers):
             self._stats.built(batch)  # counted here: workers have their own copy of the counters
             yield batch

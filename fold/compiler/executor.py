@@ -70,7 +70,6 @@ class Executor:
         self.model = model
         self.types = model.types
         self.ops = model.ops
-        self.backward = model.backward
         self._call_on_rows = _regather_in_backward(self._call)
 
     # ------------------------------------------------------------- helpers
@@ -99,9 +98,9 @@ class Executor:
         """Runs ``op``, checking its results against its declared types."""
         return _check(op, op.spec.fn(self._params_for(op, params), rng, *xs))
 
-    def _vjp(self, op: Any, p: Any, rng: Any, xs: list, float_types: Any) -> tuple:
+    def _vjp(self, op: Any, p: Any, rng: Any, xs: list, float_types: Any, save: bool) -> tuple:
         """``op``'s outputs, its ``vjp`` in ``(p, *float inputs)`` (other inputs held fixed) and
-        the positions of those float inputs."""
+        the positions of those float inputs. ``save`` keeps only the matmul outputs in the ``vjp``."""
         diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
 
         def f(p, *dxs):
@@ -110,7 +109,7 @@ class Executor:
                 full[i] = dx
             return op.spec.fn(p, rng, *full)
 
-        if self.backward == "save":
+        if save:
             f = jax.checkpoint(f, prevent_cse=False, policy=_SAVED)
         ys, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
         return ys, vjp, diff
@@ -126,7 +125,7 @@ class Executor:
             is_input: list = []
 
             def leaves(p, rng, *xs):
-                out = jax.tree_util.tree_leaves(self._vjp(op, p, rng, list(xs), float_types)[1])
+                out = jax.tree_util.tree_leaves(self._vjp(op, p, rng, list(xs), float_types, True)[1])
                 is_input.extend(any(leaf is x for x in xs) for leaf in out)
                 return out
 
@@ -141,6 +140,17 @@ class Executor:
             if all(per_row and not inp for per_row, _, _, inp in seen) and len({(r, d) for _, r, d, _ in seen}) == 1:
                 saved.append((j, seen[0][1], seen[0][2]))
         return tuple(saved)
+
+    def saved_row_bytes(self, o: int, params: Any, chunk: int) -> int:
+        """Bytes that ``backward="save"`` keeps per loop row of operation ``o`` with chunk size
+        ``chunk`` (0 when it keeps nothing). ``params`` may be abstract (shapes and dtypes)."""
+        op = self.ops[o]
+        if not op.out_slots:
+            return 0
+        float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
+        saved = self._saved_leaves(op, _abstract(self._params_for(op, params)), None, float_types,
+                                   item_sizes(chunk))
+        return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for _, shape, dtype in saved)
 
     # ------------------------------------------------------------- forward
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
@@ -180,8 +190,9 @@ class Executor:
 
     def _plans(self, layout: Any, lparams: Any, key: Any, float_types: Any) -> dict:
         """Per loop operation (by position in ``layout.loop_ops``), the ``vjp`` leaves its
-        forward items save (see ``_saved_leaves``); empty unless the backward is ``"save"``."""
-        if self.backward != "save":
+        forward items save (see ``_saved_leaves``); empty unless the batch saves (its layout has
+        ``saved_rows``)."""
+        if not layout.saved_rows:
             return {}
         rng = None if key is None else jax.eval_shape(lambda k: _fold(k, _LOOP_STREAM, 0), key)
         plans = {}
@@ -189,7 +200,7 @@ class Executor:
             op = self.ops[o]
             saved = self._saved_leaves(op, _abstract(self._params_for(op, lparams)), rng, float_types,
                                        item_sizes(layout.chunk))
-            if saved and op.out_slots:
+            if saved and op.out_slots and layout.saved_rows[q]:
                 plans[q] = saved
         return plans
 
@@ -213,7 +224,7 @@ class Executor:
                     saved = {r: [jnp.zeros((C, *shape), dtype) for _, shape, dtype in leaves]
                              for r, leaves in plans.items()}
                     if q in plans:
-                        ys, vjp, _ = self._vjp(op, self._params_for(op, lparams), rng, xs, float_types)
+                        ys, vjp, _ = self._vjp(op, self._params_for(op, lparams), rng, xs, float_types, True)
                         ys = _check(op, ys)
                         leaves = jax.tree_util.tree_leaves(vjp)
                         saved[q] = [s.at[:size].set(leaves[j]) for s, (j, _, _) in zip(saved[q], plans[q])]
@@ -270,7 +281,7 @@ class Executor:
                         return valid.reshape((size,) + (1,) * (x.ndim - 1))
 
                     p = self._params_for(op, lparams)
-                    _, vjp, diff = self._vjp(op, p, rng, xs, float_types)
+                    _, vjp, diff = self._vjp(op, p, rng, xs, float_types, q in plans)
                     if q in plans:
                         # The saved leaves replace their recomputation, which XLA then drops.
                         # Padded rows take the first row's, as in the forward loop (the buffer

@@ -26,7 +26,9 @@ class CompilerStats(NamedTuple):
     ``jit``/``grad``; ``nodes``: operation calls built; ``occupancy``: mean
     over batches of (rows used by the fullest arena) / A, and
     ``min_occupancy`` the lowest -- the share of each bucket that is real
-    work, the rest being padding.
+    work, the rest being padding; ``saving``: batches whose backward pass
+    keeps their loop items' matmul outputs (``backward="save"``, or
+    ``"auto"`` under its ``save_limit``).
     """
 
     batches: int
@@ -36,6 +38,7 @@ class CompilerStats(NamedTuple):
     nodes: int
     occupancy: float
     min_occupancy: float
+    saving: int
 
 
 class StatsRecorder:
@@ -69,7 +72,8 @@ class StatsRecorder:
             occ = self._occupancy
             out = CompilerStats(sum(self._layouts.values()), len(self._layouts), dict(sorted(sizes.items())),
                                 self._traces, self._nodes, sum(occ) / len(occ) if occ else 0.0,
-                                min(occ) if occ else 0.0)
+                                min(occ) if occ else 0.0,
+                                sum(n for layout, n in self._layouts.items() if layout.saved_rows))
             if reset:
                 self._reset()
             return out

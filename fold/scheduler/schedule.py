@@ -35,6 +35,11 @@ __all__ = ["Batch", "BatchLayout", "BatchStats", "InvalidConstant", "check_const
            "pick_chunk", "item_sizes", "MIN_ITEM"]
 
 MIN_ITEM = 8
+# A loop operation's saved buffers (backward="save", or "auto" when they fit) have at least
+# A // SAVED_SHARE rows: loop rows are a minority of a tree's nodes (SST: about an eighth, a quarter
+# of A once items are padded), so most batches get exactly that, a size fixed by A that adds no
+# compilations of its own (per-batch powers of two doubled the layouts of a multi-operation model).
+SAVED_SHARE = 4
 
 # Measured on a 2-core CPU (SST and Table 1 training steps, C = 512 against 128): batches whose
 # 512-row items held 1.65-1.71x the rows of their 128-row items ran 6-8 % faster with 512,
@@ -87,7 +92,7 @@ class BatchLayout(NamedTuple):
     hoist_sizes: tuple = ()   # padded row counts of the hoisted groups (powers of two)
     arena_rows: tuple = ()    # per arena type, rows before its C dump rows (powers of two <= A)
     chunk: int = 128          # C: the most rows of a work item, and each arena's dump rows
-    saved_rows: tuple = ()    # backward="save": per loop operation, rows of its saved buffers before C dump rows
+    saved_rows: tuple = ()    # if the backward saves: per loop operation, rows of its saved buffers before C dump rows
 
 
 class BatchStats(NamedTuple):
@@ -324,7 +329,14 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
         it_out.append(out_starts(o, c_base[c]))
         it_saved.append(saved_cursor[loop_pos[o]])
         saved_cursor[loop_pos[o]] += size
-    saved_rows = tuple(map(padded_rows, saved_cursor)) if model.backward == "save" else ()
+    saved_rows = ()
+    if model.backward != "recompute":
+        # Operations that save nothing get no buffer (and no size in the layout to compile for).
+        row_bytes = [model.saved_row_bytes(chunk)[o] for o in loop_ops]
+        saved_rows = tuple(max(padded_rows(r), A // SAVED_SHARE) if b else 0 for r, b in zip(saved_cursor, row_bytes))
+        saved_bytes = sum((r + chunk) * b for r, b in zip(saved_rows, row_bytes))
+        if not saved_bytes or (model.backward == "auto" and saved_bytes > model.save_limit):
+            saved_rows = ()
     n_items = len(it_branch)
     W = A
     items_branch = np.zeros(W, np.int32)

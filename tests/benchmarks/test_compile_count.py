@@ -18,5 +18,6 @@ def test_quick_run(tmp_path):
     assert r["compilations"] == r["layouts"] == sum(s["new_layout"] for s in r["steps"])
     assert sum(int(v) for v in r["size_classes"].values()) == 5
     assert 0 < r["min_occupancy"] <= r["occupancy"] <= 1
+    assert r["saving"] == 5  # the quick model's saved matmul outputs fit the default save_limit
     assert json.loads(out.read_text())["layouts"] == r["layouts"]
     assert out.with_suffix(".png").stat().st_size > 1000

@@ -1,4 +1,5 @@
-"""``Compiler.create(..., backward="save")``: the loop's backward pass from saved matmul outputs.
+"""``Compiler.create(..., backward="save" | "auto")``: the loop's backward pass from saved matmul
+outputs, always or when they fit in ``save_limit`` bytes.
 
 The reference is ``backward="recompute"``, which ``test_gradients`` checks against NumPy
 references and finite differences.
@@ -45,7 +46,8 @@ def test_saved_buffers_hold_one_row_per_loop_row():
     to a power of two), one item after another: not a row per row of its output's arena."""
     block, _, examples = MODELS["tree_lstm"](n=20)
     for backward in ("recompute", "save"):
-        batch = fd.Compiler.create(block, backward=backward, chunk_size=8).build_batch(examples)
+        compiler = fd.Compiler.create(block, backward=backward, chunk_size=8)
+        batch = compiler.build_batch(examples)
         layout, arrays = batch.layout, batch.arrays
         if backward == "recompute":
             assert layout.saved_rows == ()
@@ -57,8 +59,11 @@ def test_saved_buffers_hold_one_row_per_loop_row():
         for q in range(len(layout.loop_ops)):
             mine = branch // len(sizes) == q
             np.testing.assert_array_equal(arrays["items_saved"][:n][mine], np.cumsum(rows[mine]) - rows[mine])
-            assert layout.saved_rows[q] == padded_rows(int(rows[mine].sum()))
-        assert sum(layout.saved_rows) < max(layout.arena_rows)
+            if compiler.saved_row_bytes(8)[layout.loop_ops[q]]:
+                assert layout.saved_rows[q] == padded_rows(int(rows[mine].sum()))
+            else:  # nothing to save (no matmul): no buffer
+                assert layout.saved_rows[q] == 0
+        assert 0 < sum(layout.saved_rows) < max(layout.arena_rows)
 
 
 def test_saved_backward_replays_dropout_masks():
@@ -104,6 +109,72 @@ def test_padded_rows_stay_finite_with_saved_rows():
         np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
+def _fc_fold(width: int) -> fd.Block:
+    """A fold of ``FC(width)`` over a sequence of vectors: one loop operation, whose only matmul
+    output has ``width`` floats per row."""
+    return (fd.Map(fd.Vector(width)) >> fd.Fold(fd.Concat() >> fd.Function(fd.FC(width)),
+                                                fd.FromTensor(np.zeros(width, np.float32)))
+            >> fd.Function(lambda y: jnp.sum(y, axis=1)))
+
+
+def test_saved_row_bytes_are_the_matmul_outputs():
+    compiler = fd.Compiler.create(_fc_fold(3))
+    (o,) = [i for i, op in enumerate(compiler.ops) if isinstance(op.layer, fd.FC)]
+    for chunk in compiler.chunk_sizes:
+        row_bytes = compiler.saved_row_bytes(chunk)
+        assert row_bytes[o] == 3 * 4  # the FC's matmul output: 3 float32 per row
+        assert [b for i, b in enumerate(row_bytes) if i != o] == [0] * (len(row_bytes) - 1)  # no matmuls
+        assert len(row_bytes) == len(compiler.ops) > 1
+
+
+def test_auto_saves_when_the_saved_buffers_fit_the_limit():
+    examples = [[[1.0, 2.0, 3.0]] * n for n in (2, 5, 9)]
+    compiler = fd.Compiler.create(_fc_fold(3), backward="save")
+    saved = compiler.build_batch(examples).layout
+    (q,) = [q for q, o in enumerate(saved.loop_ops) if isinstance(compiler.ops[o].layer, fd.FC)]
+    need = (saved.saved_rows[q] + saved.chunk) * 3 * 4  # the FC's buffer: rows + C dump rows, 12 bytes each
+    for limit, saves in ((need, True), (need - 1, False), (0, False)):
+        layout = fd.Compiler.create(_fc_fold(3), save_limit=limit).build_batch(examples).layout
+        assert layout.saved_rows == (saved.saved_rows if saves else ()), limit
+    assert fd.Compiler.create(_fc_fold(3)).build_batch(examples).layout == saved  # far below 16 MiB
+    assert fd.Compiler.create(_fc_fold(3), backward="recompute").build_batch(examples).layout.saved_rows == ()
+
+
+@pytest.mark.parametrize("limit", [0, 2**30])
+@pytest.mark.parametrize("name", ["tree_lstm", "calculator"])
+def test_auto_gives_the_recomputed_gradients(name, limit):
+    with enable_x64():
+        block, _, examples = MODELS[name](dtype="float64", n=8)
+        _assert_same(_grads(block, "auto", examples, chunk_size=8, save_limit=limit),
+                     _grads(block, "recompute", examples, chunk_size=8))
+
+
+def test_models_without_matmuls_save_nothing():
+    """Nothing to save: no saved buffers, in either mode, so no extra layout size to compile."""
+    model = fd.Map(fd.Scalar()) >> fd.Fold(fd.Function(lambda h, x: jnp.tanh(h + x)), fd.FromTensor(np.float32(0)))
+    for backward in ("save", "auto"):
+        compiler = fd.Compiler.create(model, backward=backward)
+        assert compiler.saved_row_bytes(8) == (0,) * len(compiler.ops)
+        batch = compiler.build_batch([[1.0] * 9, [3.0] * 4])
+        assert batch.layout.loop_ops and batch.layout.saved_rows == ()
+        assert compiler.stats().saving == 0
+
+
+def test_auto_decides_the_same_in_workers():
+    """Workers (forked) see the byte counts the parent computed before forking, and decide alike."""
+    block, _, examples = MODELS["tree_lstm"](n=12)
+    compiler = fd.Compiler.create(block, chunk_size=8)
+    built = list(compiler.batches(examples, 4, num_workers=1))
+    assert [b.layout for b in built] == [compiler.build_batch(examples[i:i + 4]).layout for i in (0, 4, 8)]
+    assert all(b.layout.saved_rows for b in built)
+
+
 def test_unknown_backward_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"backward must be one of \('recompute', 'save'\), got 'keep'"):
+    with pytest.raises(ValueError, match=r"backward must be one of \('auto', 'recompute', 'save'\), got 'keep'"):
         fd.Compiler.create(fd.Scalar() >> fd.Function(jnp.sin), backward="keep")
+
+
+@pytest.mark.parametrize("limit", [-1, 1.5, True, "16M"])
+def test_bad_save_limit_is_a_clear_error(limit):
+    with pytest.raises(ValueError, match=r"save_limit must be a number of bytes >= 0, got"):
+        fd.Compiler.create(fd.Scalar() >> fd.Function(jnp.sin), save_limit=limit)

@@ -6,15 +6,17 @@ import random
 
 import jax
 import optax
+import pytest
 
 import fold as fd
 from tests.models import make_tree_lstm, random_tree
 
 
-def test_thirty_batches_of_random_trees_trace_at_most_eight_times():
+@pytest.mark.parametrize("backward, most", [("recompute", 10), ("auto", 12)])
+def test_thirty_batches_of_random_trees_trace_a_handful_of_times(backward, most):
     block, _, _ = make_tree_lstm(n=1, hidden=8)
     model = block >> fd.Function(lambda h: (h ** 2).sum(-1)) >> fd.Metric("loss")
-    compiler = fd.Compiler.create(model)
+    compiler = fd.Compiler.create(model, backward=backward)
     params = compiler.init(jax.random.key(0))
     optimizer = optax.sgd(0.01)
     opt_state = optimizer.init(params)
@@ -38,5 +40,7 @@ def test_thirty_batches_of_random_trees_trace_at_most_eight_times():
         assert bool(jax.numpy.isfinite(loss))
     assert max(sizes) >= 4 * min(sizes), "the stream should span several size classes"
     # Six size classes A; within them each arena's rows (a power of two per type, for memory)
-    # and the hoisted and tail groups' padded rows cross a boundary now and then.
-    assert len(traces) <= 10, [t.size_class for t in traces]
+    # and the hoisted and tail groups' padded rows cross a boundary now and then. With auto, these
+    # tiny batches save matmul outputs, in buffers of at least A / 4 rows; a binary tree's loop
+    # rows are about half its nodes, so some batches need A / 2: 12 traces against 10.
+    assert len(traces) <= most, [t.size_class for t in traces]

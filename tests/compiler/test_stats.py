@@ -1,4 +1,4 @@
-"""``compiler.stats()``: batches, layouts (compilations), traces and bucket occupancy."""
+"""``compiler.stats()``: batches, layouts (compilations), traces, bucket occupancy and saving batches."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def test_counts_batches_layouts_nodes_and_occupancy():
     assert s.nodes == 2 * small.stats.num_nodes + big.stats.num_nodes
     occupancies = [b.stats.rows / b.layout.size_class for b in (small, big, small)]
     assert s.occupancy == pytest.approx(sum(occupancies) / 3) and s.min_occupancy == min(occupancies)
+    assert s.saving == 0  # nothing to save: no matmuls
     assert compiler.stats(reset=True) == s
     assert compiler.stats().batches == 0
 
@@ -31,6 +32,15 @@ def test_batches_are_counted_once_with_or_without_workers(num_workers):
     compiler = _compiler()
     list(compiler.batches([[1.0] * (i % 5) for i in range(30)], 4, num_workers=num_workers))
     assert compiler.stats().batches == 8
+
+
+def test_counts_batches_that_save_matmul_outputs():
+    compiler = fd.Compiler.create(fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> fd.Function(fd.FC(2)),
+                                                                  fd.FromTensor(jax.numpy.zeros(2))),
+                                  save_limit=2**12)
+    small, big = compiler.build_batch([[[1.0, 2.0]] * 3]), compiler.build_batch([[[1.0, 2.0]] * 300])
+    assert small.layout.saved_rows and not big.layout.saved_rows  # 300 loop rows: over 4 KiB
+    assert compiler.stats().saving == 1
 
 
 def test_traces_count_compilations_of_a_jitted_step():
