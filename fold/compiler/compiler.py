@@ -295,7 +295,10 @@ class Compiler:
         with chunk size ``chunk``: 0 where it keeps nothing. Computed from shapes alone
         (``jax.eval_shape``) on first use."""
         if chunk not in self._saved_bytes:
-            params = jax.eval_shape(self.init, jax.random.key(0))
+            try:
+                params = jax.eval_shape(self.init, jax.random.key(0))
+            except jax.errors.JAXTypeError:  # a layer whose init needs concrete values (host randomness)
+                params = self.init(jax.random.key(0))
             self._saved_bytes[chunk] = tuple(self.executor.saved_row_bytes(o, params, chunk)
                                              for o in range(len(self.ops)))
         return self._saved_bytes[chunk]

@@ -160,6 +160,25 @@ def test_models_without_matmuls_save_nothing():
         assert compiler.stats().saving == 0
 
 
+class _HostSeededFC(fd.Layer):
+    """A layer whose init draws on the host from a seed it reads off the key: not traceable."""
+
+    def init(self, key: jax.Array, input_type: fd.Type) -> dict:
+        rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 1000)))
+        return {"w": jnp.asarray(rng.normal(size=(4, 2)), jnp.float32)}
+
+    def apply(self, params: dict, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ params["w"])
+
+
+def test_saved_row_bytes_of_a_layer_whose_init_cannot_be_traced():
+    model = fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> _HostSeededFC(), fd.FromTensor(np.zeros(2, np.float32)))
+    compiler = fd.Compiler.create(model)
+    (o,) = [i for i, op in enumerate(compiler.ops) if isinstance(op.layer, _HostSeededFC)]
+    assert compiler.saved_row_bytes(128)[o] == 2 * 4
+    assert compiler.build_batch([[[1.0, 2.0]] * 5]).layout.saved_rows
+
+
 def test_auto_decides_the_same_in_workers():
     """Workers (forked) see the byte counts the parent computed before forking, and decide alike."""
     block, _, examples = MODELS["tree_lstm"](n=12)
