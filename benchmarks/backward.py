@@ -28,6 +28,7 @@ from benchmarks.executor import training_step
 from examples import sst
 from examples.common import print_table
 from fold.compiler.compiler import BACKWARDS
+from fold.scheduler.schedule import saved_buffer_bytes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,12 +48,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def saved_buffer_bytes(compiler: fd.Compiler, layout: Any) -> int:
-    """Bytes of a saving batch's buffers: per loop operation, its saved rows plus C dump rows."""
-    row_bytes = compiler.saved_row_bytes(layout.chunk)
-    return sum((rows + layout.chunk) * row_bytes[o] for o, rows in zip(layout.loop_ops, layout.saved_rows))
-
-
 def measure(blocks: dict[str, fd.Block], examples: list, repeats: int) -> dict[str, Any]:
     """Per mode (``blocks``' keys), the step time and temporaries of a training step on ``examples``,
     whether the batch saved matmul outputs, and the bytes of the buffers it saves them in with
@@ -64,7 +59,9 @@ def measure(blocks: dict[str, fd.Block], examples: list, repeats: int) -> dict[s
         nodes = batch.stats.num_nodes
         saves[mode] = bool(batch.layout.saved_rows)
         if mode == "save":
-            saved_bytes = saved_buffer_bytes(compiler, batch.layout)
+            row_bytes = compiler.saved_row_bytes(batch.layout.chunk)
+            saved_bytes = saved_buffer_bytes(batch.layout.saved_rows, [row_bytes[o] for o in batch.layout.loop_ops],
+                                             batch.layout.chunk)
         step, step_args = training_step(compiler, compiler.init(jax.random.key(0)), jax.device_put(batch))
         compiled = step.lower(*step_args).compile()
         temps[mode] = compiled.memory_analysis().temp_size_in_bytes

@@ -25,6 +25,7 @@ every item costs work in proportion to ``C`` whatever its rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,7 +33,7 @@ import numpy as np
 from fold.scheduler.builder import Recorded
 
 __all__ = ["Batch", "BatchLayout", "BatchStats", "InvalidConstant", "check_constants", "schedule", "next_pow2",
-           "pick_chunk", "item_sizes", "MIN_ITEM"]
+           "pick_chunk", "item_sizes", "saved_buffer_bytes", "MIN_ITEM"]
 
 MIN_ITEM = 8
 # A loop operation's saved buffers (backward="save", or "auto" when they fit) have at least
@@ -77,6 +78,12 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...]) -> int:
         if int(np.sum(-(-group_rows // c))) * c <= CHUNK_SLACK * capacity:
             return c
     return smallest
+
+
+def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chunk: int) -> int:
+    """Bytes of a batch's saved buffers: per loop operation, its saved rows plus ``chunk`` dump rows
+    times the bytes it saves per row (``Compiler.saved_row_bytes``)."""
+    return sum((rows + chunk) * b for rows, b in zip(saved_rows, row_bytes) if rows)
 
 
 class BatchLayout(NamedTuple):
@@ -334,7 +341,7 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
         # Operations that save nothing get no buffer (and no size in the layout to compile for).
         row_bytes = [model.saved_row_bytes(chunk)[o] for o in loop_ops]
         saved_rows = tuple(max(padded_rows(r), A // SAVED_SHARE) if b else 0 for r, b in zip(saved_cursor, row_bytes))
-        saved_bytes = sum((r + chunk) * b for r, b in zip(saved_rows, row_bytes))
+        saved_bytes = saved_buffer_bytes(saved_rows, row_bytes, chunk)
         if not saved_bytes or (model.backward == "auto" and saved_bytes > model.save_limit):
             saved_rows = ()
     n_items = len(it_branch)
