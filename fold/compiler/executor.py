@@ -70,6 +70,7 @@ class Executor:
         self.model = model
         self.types = model.types
         self.ops = model.ops
+        self.float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
         self._call_on_rows = _regather_in_backward(self._call)
 
     # ------------------------------------------------------------- helpers
@@ -147,8 +148,7 @@ class Executor:
         op = self.ops[o]
         if not op.out_slots:
             return 0
-        float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
-        saved = self._saved_leaves(op, _abstract(self._params_for(op, params)), None, float_types,
+        saved = self._saved_leaves(op, _abstract(self._params_for(op, params)), None, self.float_types,
                                    item_sizes(chunk))
         return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for _, shape, dtype in saved)
 
@@ -242,8 +242,7 @@ class Executor:
                       plans: dict) -> tuple[dict, dict]:
         """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
-        float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
-        branches = self._forward_branches(layout, k_out, plans, float_types)
+        branches = self._forward_branches(layout, k_out, plans, self.float_types)
         slot_index = self.model.slot_index
         saved0 = {q: [jnp.zeros((layout.saved_rows[q] + layout.chunk, *shape), dtype)
                       for _, shape, dtype in leaves] for q, leaves in plans.items()}
@@ -353,7 +352,7 @@ class Executor:
         return p_acc, ct
 
     def _make_loop(self, layout: Any):
-        float_ids = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
+        float_ids = self.float_types
         int_ids = [t for t in range(len(self.types)) if t not in float_ids]
 
         def join(f: dict, i: dict) -> dict:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,13 +38,18 @@ __all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH"]
 MAX_PLAN_DEPTH = 200
 
 
-def leaf_paths(t: Any, path: str = "") -> list[str]:
-    """Index paths (``"[1][0]"``) of the tensor ids in a host value of type ``t``, in order."""
+def leaf_paths(t: Any, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Index paths (``(1, 0)`` for ``x[1][0]``) of the tensor ids in a host value of type ``t``, in order."""
     if isinstance(t, TensorType):
         return [path]
     if isinstance(t, TupleType):
-        return [p for i, item in enumerate(t) for p in leaf_paths(item, f"{path}[{i}]")]
+        return [p for i, item in enumerate(t) for p in leaf_paths(item, (*path, i))]
     return []  # void
+
+
+def _subscript(path: tuple[int, ...]) -> str:
+    """Source text reading ``path`` (see ``leaf_paths``): ``"[1][0]"``."""
+    return "".join(f"[{k}]" for k in path)
 
 
 def value_expr(t: Any, first: str, leaf: Callable[[str], str] = lambda e: e,
@@ -178,8 +182,8 @@ class Emitter:
         args = []
         for path in self.model.ops[o].in_paths:
             a = x
-            for k in re.findall(r"\[(\d+)\]", path):
-                a = self.item(a, int(k))
+            for k in path:
+                a = self.item(a, k)
             args.append(a)
         first, d, node = self.var("f"), self.var("d"), self.var("n")
         for text in self._record_lines(o, args, first, d, node):
@@ -239,12 +243,12 @@ class Emitter:
         if op.check_inputs is not None:
             # The walk checks each call; the plan leaves it to ``schedule``, which checks all at once.
             check = self.bind(op.check_inputs, "check")
-            caller += [f"    {', '.join(args)}, = {', '.join('x' + p for p in op.in_paths)},",
+            caller += [f"    {', '.join(args)}, = {', '.join('x' + _subscript(p) for p in op.in_paths)},",
                        f"    if {' and '.join(f'v_node[{a}] < 0' for a in args) or 'True'}:",
                        f"        {check}({', '.join(f'ctx.const_value({a})[None]' for a in args)})",
                        f"    return rec{o}({', '.join(args)})"]
         else:
-            caller.append(f"    return rec{o}({', '.join('x' + p for p in op.in_paths)})")
+            caller.append(f"    return rec{o}({', '.join('x' + _subscript(p) for p in op.in_paths)})")
         return lines + ["    " + b for b in body] + caller
 
     def _record_lines(self, o: int, args: list[str], first: str, d: str, node: str) -> list[str]:

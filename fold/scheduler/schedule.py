@@ -83,7 +83,7 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...]) -> int:
 def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chunk: int) -> int:
     """Bytes of a batch's saved buffers: per loop operation, its saved rows plus ``chunk`` dump rows
     times the bytes it saves per row (``Compiler.saved_row_bytes``)."""
-    return sum((rows + chunk) * b for rows, b in zip(saved_rows, row_bytes) if rows)
+    return sum((rows + chunk) * b for rows, b in zip(saved_rows, row_bytes))
 
 
 class BatchLayout(NamedTuple):
@@ -339,7 +339,8 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     saved_rows = ()
     if model.backward != "recompute":
         # Operations that save nothing get no buffer (and no size in the layout to compile for).
-        row_bytes = [model.saved_row_bytes(chunk)[o] for o in loop_ops]
+        op_bytes = model.saved_row_bytes(chunk)
+        row_bytes = [op_bytes[o] for o in loop_ops]
         saved_rows = tuple(max(padded_rows(r), A // SAVED_SHARE) if b else 0 for r, b in zip(saved_cursor, row_bytes))
         saved_bytes = saved_buffer_bytes(saved_rows, row_bytes, chunk)
         if not saved_bytes or (model.backward == "auto" and saved_bytes > model.save_limit):
