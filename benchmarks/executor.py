@@ -1,12 +1,15 @@
 """Executor tuning: the chunk size C, and whole-arena copies in the compiled loop.
 
-For each ``--chunk-sizes`` value C, two multi-operation training steps are
-compiled and timed (median of ``--repeats``, compilation excluded and
+For each ``--chunk-sizes`` value C, two multi-operation training steps
+(``--mode infer``: forward passes) are compiled and timed (median of
+``--repeats`` rounds that take turns between the values of C, so that all
+see the same drift of the shared machine; compilation excluded and
 reported): the SST Tree-LSTM (leaf, pair, readout and metric operations)
 on real SST trees, and the Table 1 model on random 128-leaf trees. A very
 large C is the "one power-of-two bucket per (depth, operation)" dispatch:
 every group becomes a single work item, so the sweep also compares
-dispatch per chunk with dispatch per depth.
+dispatch per chunk with dispatch per depth. Each workload also reports
+the C that ``Compiler.create``'s default candidates pick for its batch.
 
 For each compiled step it counts the HLO ``copy`` instructions whose
 shape is a whole arena (``[A + C, ...]``): XLA inserts them when an arena
@@ -30,7 +33,7 @@ import optax
 
 import fold as fd
 from benchmarks import models, table1
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 
@@ -41,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sst-batch", type=int, default=64)
     p.add_argument("--tree-batch", type=int, default=256, help="batch of random trees (Table 1 model)")
     p.add_argument("--hidden", type=int, default=150, help="SST state size (the Table 1 model uses 256)")
+    p.add_argument("--mode", choices=("train", "infer"), default="train",
+                   help="time training steps, or forward passes")
     p.add_argument("--repeats", type=int, default=5)
     add_run_flags(p, "executor", "tiny batches and models")
     args = p.parse_args(argv)
@@ -98,21 +103,39 @@ def training_step(compiler: fd.Compiler, params: Any, batch: fd.Batch) -> tuple[
     return table1.sgd_step(lambda p, b: compiler.apply(p, b).outputs), (params, batch)
 
 
-def measure(block: fd.Block, examples: list, chunk: int, repeats: int) -> dict[str, Any]:
-    """Compile time, step time, loop items and whole-arena copies of one training step."""
+def step_for(compiler: fd.Compiler, params: Any, batch: fd.Batch, mode: str) -> tuple[Any, tuple]:
+    """The jitted training step (``training_step``) or forward pass, and its arguments."""
+    if mode == "infer":
+        return jax.jit(compiler.apply), (params, batch)
+    return training_step(compiler, params, batch)
+
+
+def compile_step(block: fd.Block, examples: list, chunk: int, mode: str) -> tuple[dict[str, Any], Any]:
+    """Compile time, loop items and whole-arena copies of one step, and a call that runs it."""
     compiler = fd.Compiler.create(block, chunk_size=chunk)
     host = compiler.build_batch(examples)
-    step, step_args = training_step(compiler, compiler.init(jax.random.key(0)), jax.device_put(host))
+    step, step_args = step_for(compiler, compiler.init(jax.random.key(0)), jax.device_put(host), mode)
     start = time.perf_counter()
     compiled = step.lower(*step_args).compile()
     compile_s = time.perf_counter() - start
     hlo = compiled.as_text()
-    run = lambda: jax.block_until_ready(compiled(*step_args))  # noqa: E731
-    run()
-    return {"chunk": chunk, "compile_s": compile_s, "step_s": median_seconds(run, repeats),
-            "items": host.stats.num_items, "nodes": host.stats.num_nodes, "size_class": host.layout.size_class,
-            "arena_copies": arena_copies(hlo, {r + chunk for r in host.layout.arena_rows}),
-            "loop_computations": len(loop_computations(hlo))}
+    row = {"chunk": chunk, "compile_s": compile_s, "items": host.stats.num_items, "nodes": host.stats.num_nodes,
+           "size_class": host.layout.size_class,
+           "arena_copies": arena_copies(hlo, {r + chunk for r in host.layout.arena_rows}),
+           "loop_computations": len(loop_computations(hlo))}
+    return row, lambda: jax.block_until_ready(compiled(*step_args))
+
+
+def measure(block: fd.Block, examples: list, chunks: list[int], mode: str, repeats: int) -> list[dict[str, Any]]:
+    """``compile_step``'s numbers for each C, plus ``step_s``: the median step time, the values of C
+    taking turns (``interleaved_medians``)."""
+    rows, runs = [], {}
+    for c in chunks:
+        print(f"  C = {c}: compiling ...", flush=True)
+        row, runs[c] = compile_step(block, examples, c, mode)
+        rows.append(row)
+    times = interleaved_medians(runs, repeats)
+    return [dict(row, step_s=times[row["chunk"]]) for row in rows]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -128,18 +151,18 @@ def main(argv: list[str] | None = None) -> dict:
     }
     results: dict[str, Any] = {"args": vars(args), "workloads": {}}
     for name, (block, examples) in workloads.items():
-        rows = []
-        for c in args.chunk_sizes:
-            print(f"{name}: C = {c} ...", flush=True)
-            rows.append(measure(block, examples, c, args.repeats))
+        print(f"{name} ({len(examples)} examples, {args.mode}):", flush=True)
+        rows = measure(block, examples, args.chunk_sizes, args.mode, args.repeats)
         best = min(rows, key=lambda r: r["step_s"])
-        results["workloads"][name] = {"examples": len(examples), "rows": rows, "best_chunk": best["chunk"]}
-        print_table(f"{name}: training step ({len(examples)} examples) against C",
+        default = fd.Compiler.create(block).build_batch(examples).layout.chunk
+        results["workloads"][name] = {"examples": len(examples), "rows": rows, "best_chunk": best["chunk"],
+                                      "default_chunk": default}
+        print_table(f"{name}: {args.mode} step ({len(examples)} examples) against C",
                     ["C", "loop items", "step ms", "us per item", "compile s", "whole-arena copies"],
-                    [[r["chunk"], r["items"], f"{r['step_s'] * 1e3:.1f}",
+                    [[r["chunk"], r["items"], f"{r['step_s'] * 1e3:.2f}",
                       f"{r['step_s'] / max(r['items'], 1) * 1e6:.0f}", f"{r['compile_s']:.1f}",
                       r["arena_copies"]] for r in rows])
-        print(f"fastest: C = {best['chunk']}")
+        print(f"fastest: C = {best['chunk']}; the default candidates pick C = {default}")
     save_results("executor", results, args, lambda png: plot(results, png))
     return results
 
@@ -150,7 +173,8 @@ def plot(results: dict, path: Any) -> None:
         for name, w in results["workloads"].items():
             times = np.array([r["step_s"] for r in w["rows"]])
             ax.plot([r["chunk"] for r in w["rows"]], times / times.min(), "o-", label=name)
-        ax.set(xscale="log", xlabel="chunk size C", ylabel="step time / fastest", title="training step against C")
+        ax.set(xscale="log", xlabel="chunk size C", ylabel="step time / fastest",
+               title=f"{results['args']['mode']} step against C")
         ax.legend()
 
 

@@ -45,7 +45,7 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, median_seconds, save_results
 from examples.common import print_table
-from fold.compiler.compiler import BACKWARDS
+from fold.compiler.compiler import BACKWARDS, CHUNK_SIZES
 
 PAPER_COST_RATIO_CPU = {1024: 1.27, 1: 0.49}
 PAPER_SPEEDUP_CPU = 28.9
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1024, 512, 256, 128, 64, 32, 1])
     p.add_argument("--leaves", type=int, default=128)
     p.add_argument("--hidden", type=int, default=256, help="H (the paper used 1024 on its machines)")
-    p.add_argument("--chunk-size", type=int, nargs="+", default=[128, 512],
+    p.add_argument("--chunk-size", type=int, nargs="+", default=list(CHUNK_SIZES),
                    help="fold's candidates for C, the most rows per loop iteration (Compiler.create's chunk_size)")
     p.add_argument("--backward", choices=BACKWARDS, default="auto",
                    help="fold's backward through the loop (Compiler.create's backward; train mode only)")

@@ -50,6 +50,9 @@ __all__ = ["Compiler"]
 BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
 # backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
 SAVE_LIMIT = 16 * 2**20
+# C candidates: 32 for tiny batches (single trees), 128 for most, 512 for large batches of large
+# trees (``pick_chunk`` prices each; docs/performance.md has the measurements).
+CHUNK_SIZES = (32, 128, 512)
 
 
 class CompiledOp:
@@ -123,15 +126,16 @@ class Compiler:
             raise TypeError("use fd.Compiler.create(block) to make a Compiler")
 
     @classmethod
-    def create(cls, root_block: Any, chunk_size: int | Sequence[int] = (128, 512),
+    def create(cls, root_block: Any, chunk_size: int | Sequence[int] = CHUNK_SIZES,
                backward: str = "auto", save_limit: int = SAVE_LIMIT) -> Compiler:
         """Validates and type-checks ``root_block`` and enumerates its operations.
 
         ``chunk_size`` is C, the most rows a loop iteration runs, or several
-        candidates: each batch then uses the largest whose loop items would
-        mostly be full (large batches of large trees), else the smallest
-        (C = 128 suits CPUs; 512 runs large groups faster). Each C a stream
-        of batches uses is one more layout to compile.
+        candidates: each batch then uses the one whose loop items cost least,
+        an item of C rows costing a fixed overhead plus C (``pick_chunk``):
+        512 where most of its items would be full (large batches of large
+        trees), 32 where it adds few items (a single tree), else 128. Each C
+        a stream of batches uses is one more layout to compile.
         ``backward`` picks how gradients of the loop are computed:
         ``"recompute"`` runs each loop item's forward pass again before its
         ``vjp`` (memory stays at the arenas), ``"save"`` keeps each item's
@@ -147,7 +151,7 @@ class Compiler:
                            save_limit=save_limit)
 
     @classmethod
-    def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = (128, 512),
+    def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = CHUNK_SIZES,
                 backward: str = "auto", save_limit: int = SAVE_LIMIT) -> Compiler:
         sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)
         if not sizes or any(not isinstance(c, (int, np.integer)) or c < MIN_ITEM or c & (c - 1) for c in sizes):

@@ -20,7 +20,8 @@ The remaining groups are cut into *work items* of ``C`` rows plus one
 remainder rounded up to a power of two (>= 8); the jitted ``while_loop``
 runs one item per iteration. ``C`` is chosen per batch from the compiler's
 candidates (``pick_chunk``): large groups run faster in large items, while
-every item costs work in proportion to ``C`` whatever its rows.
+every item costs a fixed overhead plus work in proportion to ``C`` whatever
+its rows.
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ MIN_ITEM = 8
 # compilations of its own (per-batch powers of two doubled the layouts of a multi-operation model).
 SAVED_SHARE = 4
 
-# Measured on a 2-core CPU (SST and Table 1 training steps, C = 512 against 128): batches whose
-# 512-row items held 1.65-1.71x the rows of their 128-row items ran 6-8 % faster with 512,
-# those at 1.95-2.16x 6-7 % slower.
-CHUNK_SLACK = 1.8
+# What a loop item costs besides its rows, in rows: ``pick_chunk`` prices an item of C rows at
+# ITEM_OVERHEAD + C. Measured on a 2-core CPU (SST and Table 1 training steps, C = 512 against
+# 128): batches whose 512-row items held 1.65-1.71x the rows of their 128-row items ran 6-8 %
+# faster with 512, those at 1.95-2.16x 6-7 % slower; an overhead of 159-237 rows puts the
+# crossover between the two, and 192 puts it at 1.82x. Single Table 1 trees (groups of 1-40 rows,
+# 17 items at C = 32 against 16 at 128) ran 8-33 % faster at 32.
+ITEM_OVERHEAD = 192
 
 # How far (in operation calls) from a result an operation's calls may be for
 # it to run after the loop; 2 covers a readout, an activation and a loss.
@@ -68,16 +72,20 @@ def item_sizes(chunk: int) -> tuple[int, ...]:
 
 def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...]) -> int:
     """``C`` for a batch whose loop groups have ``group_rows`` rows, ``chunks`` the candidates
-    in increasing order: the largest candidate whose
-    items hold at most ``CHUNK_SLACK`` times the rows that the smallest candidate's items hold
-    (items x C, padding included), else the smallest. Every item costs work in proportion to
-    ``C`` whatever its rows, so a large ``C`` pays off only when most of its items are full."""
-    smallest = chunks[0]
-    capacity = int(np.sum(-(-group_rows // smallest))) * smallest
-    for c in reversed(chunks[1:]) if capacity else ():
-        if int(np.sum(-(-group_rows // c))) * c <= CHUNK_SLACK * capacity:
-            return c
-    return smallest
+    in increasing order: the one whose work items cost least, an item of ``C`` rows costing
+    ``ITEM_OVERHEAD + C`` (ties go to the smaller ``C``). Every item writes, slices and
+    scatters ``C`` rows whatever its count, so a large ``C`` pays off only when most of its
+    items are full, and a small one when it adds few items (tiny batches).
+
+    >>> pick_chunk(np.array([4096, 2048, 1024]), (32, 128, 512))  # large groups: full items
+    512
+    >>> pick_chunk(np.array([600, 300, 120, 40, 9, 3]), (32, 128, 512))  # an SST batch's spread
+    128
+    >>> pick_chunk(np.array([40, 20, 10, 5, 2, 1]), (32, 128, 512))  # one small tree
+    32
+    """
+    costs = [int(np.sum(-(-group_rows // c))) * (ITEM_OVERHEAD + c) for c in chunks]
+    return chunks[int(np.argmin(costs))]
 
 
 def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chunk: int) -> int:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import random
 
-from benchmarks import executor
+import jax
+import numpy as np
+
+import fold as fd
+from benchmarks import executor, models
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
 
@@ -47,5 +52,23 @@ def test_quick_run(tmp_path):
         assert rows[0]["items"] >= rows[1]["items"] > 0
         # The loops were found (forward and backward, with their switch branches) and copy no arena.
         assert all(row["step_s"] > 0 and row["loop_computations"] > 4 and row["arena_copies"] == 0 for row in rows)
-    assert json.loads(out.read_text())["workloads"]["sst"]["best_chunk"] in (8, 64)
+    saved = json.loads(out.read_text())["workloads"]["sst"]
+    assert saved["best_chunk"] in (8, 64)
+    # An 8-tree SST batch: C = 32 adds few items over 128 (CHUNK_SIZES = (32, 128, 512)).
+    assert saved["default_chunk"] == 32
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_inference_steps_take_turns_and_compute_the_forward_pass():
+    block = models.table1_model(8, 16)
+    rng = random.Random(0)
+    trees = [models.random_tree(rng, 16) for _ in range(3)]
+    rows = executor.measure(block, trees, [8, 16], "infer", repeats=2)
+    assert [r["chunk"] for r in rows] == [8, 16]
+    assert rows[0]["items"] >= rows[1]["items"] > 0
+    assert all(r["step_s"] > 0 and r["arena_copies"] == 0 and r["loop_computations"] >= 2 for r in rows)
+    compiler = fd.Compiler.create(block, chunk_size=8)
+    batch = compiler.build_batch(trees)
+    _, run = executor.compile_step(block, trees, 8, "infer")
+    np.testing.assert_allclose(run().outputs, compiler.apply(compiler.init(jax.random.key(0)), batch).outputs,
+                               rtol=1e-6)
