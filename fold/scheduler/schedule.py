@@ -50,6 +50,13 @@ SAVED_SHARE = 4
 # crossover between the two, and 192 puts it at 1.82x. Single Table 1 trees (groups of 1-40 rows,
 # 17 items at C = 32 against 16 at 128) ran 8-33 % faster at 32.
 ITEM_OVERHEAD = 192
+# Chunk sizes below SMALL_CHUNK serve only batches of size class A <= TINY_SIZE_CLASS (single trees,
+# a few small ones), where they ran 8-36 % faster. In larger batches the cost model picked them
+# for some batches of a size class and not others (SST batches of 8-20 trees, measured within 5 %
+# either way), and each C a size class uses compiles separately: 14 layouts instead of 8 in an
+# SST epoch at batch 16.
+SMALL_CHUNK = 128
+TINY_SIZE_CLASS = 1024
 
 # How far (in operation calls) from a result an operation's calls may be for
 # it to run after the loop; 2 covers a readout, an activation and a loss.
@@ -70,20 +77,26 @@ def item_sizes(chunk: int) -> tuple[int, ...]:
     return tuple(1 << k for k in range(MIN_ITEM.bit_length() - 1, chunk.bit_length()))
 
 
-def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...]) -> int:
-    """``C`` for a batch whose loop groups have ``group_rows`` rows, ``chunks`` the candidates
-    in increasing order: the one whose work items cost least, an item of ``C`` rows costing
-    ``ITEM_OVERHEAD + C`` (ties go to the smaller ``C``). Every item writes, slices and
-    scatters ``C`` rows whatever its count, so a large ``C`` pays off only when most of its
-    items are full, and a small one when it adds few items (tiny batches).
+def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int) -> int:
+    """``C`` for a batch of size class ``size_class`` whose loop groups have ``group_rows`` rows,
+    ``chunks`` the candidates in increasing order: the one whose work items cost least, an item
+    of ``C`` rows costing ``ITEM_OVERHEAD + C`` (ties go to the smaller ``C``). Every item
+    writes, slices and scatters ``C`` rows whatever its count, so a large ``C`` pays off only
+    when most of its items are full, and a small one when it adds few items.
 
-    >>> pick_chunk(np.array([4096, 2048, 1024]), (32, 128, 512))  # large groups: full items
+    Candidates below ``SMALL_CHUNK`` compete only in size classes up to ``TINY_SIZE_CLASS``
+    (or when no other was given): above it they gain little, and a size class whose batches
+    took different ``C`` would compile once per ``C``.
+
+    >>> pick_chunk(np.array([4096, 2048, 1024]), (32, 128, 512), 16384)  # large groups: full items
     512
-    >>> pick_chunk(np.array([600, 300, 120, 40, 9, 3]), (32, 128, 512))  # an SST batch's spread
+    >>> pick_chunk(np.array([600, 300, 120, 40, 9, 3]), (32, 128, 512), 16384)  # an SST batch
     128
-    >>> pick_chunk(np.array([40, 20, 10, 5, 2, 1]), (32, 128, 512))  # one small tree
+    >>> pick_chunk(np.array([40, 20, 10, 5, 2, 1]), (32, 128, 512), 256)  # one small tree
     32
     """
+    if size_class > TINY_SIZE_CLASS and chunks[-1] >= SMALL_CHUNK:
+        chunks = tuple(c for c in chunks if c >= SMALL_CHUNK)
     costs = [int(np.sum(-(-group_rows // c))) * (ITEM_OVERHEAD + c) for c in chunks]
     return chunks[int(np.argmin(costs))]
 
@@ -217,6 +230,18 @@ def _tail(n_op: np.ndarray, producer: np.ndarray, consumer: np.ndarray, n_ops: i
     return np.where(ok[n_op], dist, -1)
 
 
+def _size_class(model: Any, rec: Recorded) -> int:
+    """``A = next_pow2(max(rows of the fullest type, nodes, metric entries))``: every value has
+    one row, so a type's rows are its constants plus one per output of that type of every call."""
+    rows = np.array([len(filled) for _, filled in rec.consts], np.int64)
+    calls = np.bincount(rec.n_op, minlength=len(model.ops))
+    for op, n in zip(model.ops, calls.tolist()):
+        for t in op.out_tidx:
+            rows[t] += n
+    n_metric = max((len(v) for v in rec.metric_values.values()), default=0)
+    return next_pow2(max(int(rows.max(initial=0)), len(rec.n_op), n_metric, MIN_ITEM))
+
+
 def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: int, chunk_sizes: tuple[int, ...],
              keep_host: bool = False, check: bool = True) -> Batch:
     """Builds the batch arrays from recorded work ``rec`` of ``model``.
@@ -227,7 +252,6 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     """
     if check:
         check_constants(model, rec)
-    n_types = len(model.types)
     n_nodes = len(rec.n_op)
     v_type, v_node, v_pos, n_op, n_depth = rec.v_type, rec.v_node, rec.v_pos, rec.n_op, rec.n_depth
 
@@ -256,7 +280,8 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     g_op, g_depth = s_op[g_start], s_depth[g_start]
 
     in_loop = (g_depth > 1) & (g_depth <= loop_depth)
-    chunk = pick_chunk(g_count[in_loop], chunk_sizes)
+    A = _size_class(model, rec)
+    chunk = pick_chunk(g_count[in_loop], chunk_sizes, A)
 
     # Cut groups into chunks: one per hoisted (depth-1) or tail group, C rows
     # per loop item otherwise. Rows: constants first, then each chunk's outputs, output
@@ -277,9 +302,6 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
         for j, t in enumerate(model.ops[int(g_op[g])].out_tidx):
             c_base[c, j] = cursor[t]
             cursor[t] += n
-    total_rows = int(cursor.max()) if n_types else 0
-    n_metric = max((len(v) for v in rec.metric_values.values()), default=0)
-    A = next_pow2(max(total_rows, n_nodes, n_metric, MIN_ITEM))
     S = A + chunk
     # Each arena holds only its own type's rows, rounded up to a power of two:
     # a model's types fill very different numbers of rows.
@@ -406,6 +428,6 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
                          tuple(map(padded_rows, tail_arrays["count"].tolist())),
                          tuple(map(padded_rows, hoist["count"].tolist())), arena_rows, chunk, saved_rows)
     host = HostInfo(v_type, v_row) if keep_host else None
-    stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, total_rows,
+    stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, int(cursor.max(initial=0)),
                        tuple(cursor.tolist()))
     return Batch(arrays, layout, host, stats)

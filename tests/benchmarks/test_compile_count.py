@@ -17,6 +17,7 @@ def test_quick_run(tmp_path):
     # Every distinct layout is compiled exactly once by the jitted step.
     assert r["compilations"] == r["layouts"] == sum(s["new_layout"] for s in r["steps"])
     assert sum(int(v) for v in r["size_classes"].values()) == 5
+    assert sum(r["chunks"].values()) == 5 and set(r["chunks"]) <= {"32", "128", "512"}
     assert 0 < r["min_occupancy"] <= r["occupancy"] <= 1
     assert r["saving"] == 5  # the quick model's saved matmul outputs fit the default save_limit
     assert json.loads(out.read_text())["layouts"] == r["layouts"]

@@ -54,8 +54,8 @@ def test_quick_run(tmp_path):
         assert all(row["step_s"] > 0 and row["loop_computations"] > 4 and row["arena_copies"] == 0 for row in rows)
     saved = json.loads(out.read_text())["workloads"]["sst"]
     assert saved["best_chunk"] in (8, 64)
-    # An 8-tree SST batch: C = 32 adds few items over 128 (CHUNK_SIZES = (32, 128, 512)).
-    assert saved["default_chunk"] == 32
+    # An 8-tree SST batch is past the tiny size classes: 128 (CHUNK_SIZES = (32, 128, 512)).
+    assert saved["default_chunk"] == 128
     assert out.with_suffix(".png").stat().st_size > 1000
 
 

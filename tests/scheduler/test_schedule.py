@@ -11,7 +11,15 @@ import pytest
 
 import fold as fd
 from fold.scheduler.builder import BatchBuilder
-from fold.scheduler.schedule import ITEM_OVERHEAD, item_sizes, pick_chunk, schedule
+from fold.scheduler.schedule import (
+    ITEM_OVERHEAD,
+    SMALL_CHUNK,
+    TINY_SIZE_CLASS,
+    item_sizes,
+    next_pow2,
+    pick_chunk,
+    schedule,
+)
 from fold.scheduler.walk import walk
 from tests.models import random_tree
 
@@ -66,6 +74,8 @@ def test_size_class_is_a_power_of_two_above_the_rows():
         A = batch.layout.size_class
         assert A & (A - 1) == 0 and A >= 8
         assert batch.arrays["in_idx"].shape[0] == A + batch.layout.chunk
+        # A is known before the rows are allocated (it bounds which C compete): it matches them.
+        assert A == next_pow2(max(batch.stats.rows, batch.stats.num_nodes, 8))
 
 
 def test_each_arena_has_its_own_types_rows_rounded_up():
@@ -142,33 +152,41 @@ def test_an_operation_consumed_inside_the_loop_stays_in_it():
 
 
 def test_pick_chunk_takes_a_large_c_only_when_most_of_its_items_are_full():
-    chunks = (128, 512)
-    assert pick_chunk(np.array([4096, 2048, 1024]), chunks) == 512
-    assert pick_chunk(np.array([600, 300, 120, 40, 9, 3]), chunks) == 128  # SST-like: small groups
+    chunks, big = (128, 512), 1 << 16
+    assert pick_chunk(np.array([4096, 2048, 1024]), chunks, big) == 512
+    assert pick_chunk(np.array([600, 300, 120, 40, 9, 3]), chunks, big) == 128  # SST-like: small groups
     # 512-row items holding 1.4x the rows (padding included) of 128-row items take 512; 2x keep 128.
-    assert pick_chunk(np.array([512] * 3 + [10] * 2), chunks) == 512
-    assert pick_chunk(np.array([512] * 3 + [10] * 6), chunks) == 128
-    assert pick_chunk(np.array([], np.int64), chunks) == 128
-    assert pick_chunk(np.array([5000]), (128,)) == 128
-    assert pick_chunk(np.array([5000, 5000]), (8, 32, 128)) == 128
+    assert pick_chunk(np.array([512] * 3 + [10] * 2), chunks, big) == 512
+    assert pick_chunk(np.array([512] * 3 + [10] * 6), chunks, big) == 128
+    assert pick_chunk(np.array([], np.int64), chunks, big) == 128
+    assert pick_chunk(np.array([5000]), (128,), big) == 128
+    assert pick_chunk(np.array([5000, 5000]), (8, 32, 128), big) == 128
 
 
-def test_pick_chunk_takes_a_small_c_only_when_it_adds_few_items():
-    chunks = (32, 128, 512)
+def test_pick_chunk_takes_a_small_c_only_in_tiny_batches_where_it_adds_few_items():
+    chunks, tiny = (32, 128, 512), TINY_SIZE_CLASS
     # One Table 1 tree: groups of 1-40 rows, 7 items at C = 32 against 6 at 128.
-    assert pick_chunk(np.array([40, 30, 20, 10, 5, 1]), chunks) == 32
+    assert pick_chunk(np.array([40, 30, 20, 10, 5, 1]), chunks, tiny) == 32
     # Four such trees: 16 items against 6; an SST batch: 37 items against 12.
-    assert pick_chunk(np.array([160, 120, 80, 40, 20, 4]), chunks) == 128
-    assert pick_chunk(np.array([600, 300, 120, 40, 9, 3]), chunks) == 128
-    assert pick_chunk(np.array([], np.int64), chunks) == 32  # nothing in the loop: the smallest arenas
-    # Groups of at most 32 rows make as many items either way: the smaller C is cheaper.
-    assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks) == 32
+    assert pick_chunk(np.array([160, 120, 80, 40, 20, 4]), chunks, tiny) == 128
+    assert pick_chunk(np.array([600, 300, 120, 40, 9, 3]), chunks, tiny) == 128
+    assert pick_chunk(np.array([], np.int64), chunks, tiny) == 32  # nothing in the loop: the smallest arenas
+    # Groups of at most 32 rows make as many items either way: the smaller C is cheaper...
+    assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, tiny) == 32
+    # ... but above the tiny size classes only candidates of SMALL_CHUNK rows or more compete,
+    # unless the caller gave no other.
+    assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, 2 * tiny) == 128
+    assert pick_chunk(np.array([32] * 50 + [3] * 50), (8, 32), 2 * tiny) == 32
+    assert SMALL_CHUNK == 128
     # An item costs ITEM_OVERHEAD + C: a 64-row group is one item at 128 and two at 32.
     pairs = [np.array([64] * n + [16] * m) for n in range(1, 6) for m in range(0, 30, 3)]
     for groups in pairs:
         cheaper_at_32 = (2 * groups.size - np.sum(groups == 16)) * (ITEM_OVERHEAD + 32) <= groups.size * (
             ITEM_OVERHEAD + 128)
-        assert pick_chunk(groups, (32, 128)) == (32 if cheaper_at_32 else 128)
+        assert pick_chunk(groups, (32, 128), tiny) == (32 if cheaper_at_32 else 128)
+
+
+def test_item_sizes_are_the_powers_of_two_from_min_item_to_c():
     assert item_sizes(8) == (8,) and item_sizes(128) == (8, 16, 32, 64, 128)
 
 
