@@ -134,8 +134,9 @@ class Compiler:
         candidates: each batch then uses the one whose loop items cost least,
         an item of C rows costing a fixed overhead plus C (``pick_chunk``):
         512 where most of its items would be full (large batches of large
-        trees), 32 where it adds few items (a single tree), else 128. Each C
-        a stream of batches uses is one more layout to compile.
+        trees), 32 where it adds few items to a tiny batch (a single tree),
+        else 128. Each C a stream of batches uses is one more layout to
+        compile.
         ``backward`` picks how gradients of the loop are computed:
         ``"recompute"`` runs each loop item's forward pass again before its
         ``vjp`` (memory stays at the arenas), ``"save"`` keeps each item's
