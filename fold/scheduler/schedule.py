@@ -47,14 +47,14 @@ SAVED_SHARE = 4
 # ITEM_OVERHEAD + C. Measured on a 2-core CPU (SST and Table 1 training steps, C = 512 against
 # 128): batches whose 512-row items held 1.65-1.71x the rows of their 128-row items ran 6-8 %
 # faster with 512, those at 1.95-2.16x 6-7 % slower; an overhead of 159-237 rows puts the
-# crossover between the two, and 192 puts it at 1.82x. Single Table 1 trees (groups of 1-40 rows,
-# 17 items at C = 32 against 16 at 128) ran 8-33 % faster at 32.
+# crossover between the two, and 192 puts it at 1.82x.
 ITEM_OVERHEAD = 192
-# Chunk sizes below SMALL_CHUNK serve only batches of size class A <= TINY_SIZE_CLASS (single trees,
-# a few small ones), where they ran 8-36 % faster. In larger batches the cost model picked them
-# for some batches of a size class and not others (SST batches of 8-20 trees, measured within 5 %
-# either way), and each C a size class uses compiles separately: 14 layouts instead of 8 in an
-# SST epoch at batch 16.
+# Chunk sizes below SMALL_CHUNK serve only batches of size class A <= TINY_SIZE_CLASS: single
+# trees (groups of 1-40 rows, 17 items at C = 32 against 16 at 128) ran 8-23 % faster training
+# and 26-36 % faster inference at 32. In larger batches the cost model picked them for some
+# batches of a size class and not others (SST batches of 8-20 trees, within 5 % either way), and
+# each C a size class uses compiles separately: an SST epoch at batch 16 compiled 15 times
+# instead of 7.
 SMALL_CHUNK = 128
 TINY_SIZE_CLASS = 1024
 
