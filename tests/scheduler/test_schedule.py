@@ -175,9 +175,8 @@ def test_pick_chunk_takes_a_small_c_only_in_tiny_batches_where_it_adds_few_items
     assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, tiny) == 32
     # ... but above the tiny size classes only candidates of SMALL_CHUNK rows or more compete,
     # unless the caller gave no other.
-    assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, 2 * tiny) == 128
+    assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, 2 * tiny) == SMALL_CHUNK == 128
     assert pick_chunk(np.array([32] * 50 + [3] * 50), (8, 32), 2 * tiny) == 32
-    assert SMALL_CHUNK == 128
     # An item costs ITEM_OVERHEAD + C: a 64-row group is one item at 128 and two at 32.
     pairs = [np.array([64] * n + [16] * m) for n in range(1, 6) for m in range(0, 30, 3)]
     for groups in pairs:
