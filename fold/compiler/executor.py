@@ -198,9 +198,11 @@ class Executor:
         plans = {}
         for q, o in enumerate(layout.loop_ops):
             op = self.ops[o]
+            if not (layout.saved_rows[q] and op.out_slots):  # no buffer: nothing to trace for
+                continue
             saved = self._saved_leaves(op, _abstract(self._params_for(op, lparams)), rng, float_types,
                                        item_sizes(layout.chunk))
-            if saved and op.out_slots and layout.saved_rows[q]:
+            if saved:
                 plans[q] = saved
         return plans
 

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import fold as fd
+from fold.compiler.compiler import CHUNK_SIZES
 from tests.models import make_tree_lstm, random_tree
 
 
@@ -56,14 +57,14 @@ def test_thirty_batches_of_random_trees_trace_a_handful_of_times():
     assert compiler.stats().layouts == len(traces)
 
 
-@pytest.mark.parametrize("backward, chunk_size, most", [("recompute", (128, 512), 10), ("recompute", None, 11),
-                                                       ("save", None, 12)])
+@pytest.mark.parametrize("backward, chunk_size, most", [("recompute", (128, 512), 10),
+                                                       ("recompute", CHUNK_SIZES, 11), ("save", CHUNK_SIZES, 12)])
 def test_the_same_stream_has_a_handful_of_layouts_in_each_backward_mode(backward, chunk_size, most):
     # One compilation per distinct layout (checked above): counting layouts needs no device work.
     # With the default candidates the tiny batches (A <= 1024) take C = 32 where it makes about as
     # many items as 128: one more layout when recomputing (one size class mixes both);
     # saving needs 12 either way.
-    compiler = fd.Compiler.create(_model(), backward=backward, **({"chunk_size": chunk_size} if chunk_size else {}))
+    compiler = fd.Compiler.create(_model(), backward=backward, chunk_size=chunk_size)
     for trees in _stream():
         compiler.build_batch(trees)
     assert compiler.stats().layouts <= most
