@@ -51,6 +51,9 @@ _LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_ou
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 
 _GATHERED = "fold_gathered_inputs"  # checkpoint name of a whole group's gathered input rows
+# A tail group's backward runs in at most this many pieces (``Executor._in_pieces``): its
+# temporaries shrink to a piece's rows for a few more loop iterations.
+_PIECES = 8
 
 # What ``backward="save"`` keeps of a loop item: its matmuls' outputs. The backward pass recomputes
 # the rest (elementwise work, concatenations, the gathered inputs) from them, which costs little next
@@ -71,7 +74,6 @@ class Executor:
         self.types = model.types
         self.ops = model.ops
         self.float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
-        self._call_on_rows = _regather_in_backward(self._call)
 
     # ------------------------------------------------------------- helpers
     def _params_for(self, op: Any, params: Any) -> Any:
@@ -168,9 +170,10 @@ class Executor:
         return arenas
 
     def run_groups(self, params: Any, arenas: dict, in_idx: Any, groups: dict, ops: tuple, sizes: tuple,
-                   key: Any, stream: int) -> dict:
+                   key: Any, stream: int, chunk: int | None = None) -> dict:
         """Runs whole groups (hoisted before the loop, or tail groups after it) in order, group
-        ``h`` once on ``sizes[h]`` padded rows, and writes their outputs."""
+        ``h`` once on ``sizes[h]`` padded rows, and writes their outputs. With ``chunk`` (tail
+        groups), each group runs in pieces (``_in_pieces``)."""
         S = in_idx.shape[0]
         for h, (o, size) in enumerate(zip(ops, sizes)):
             rows = jnp.arange(size)
@@ -179,14 +182,106 @@ class Executor:
             valid = rows < count
             idx = in_idx[jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
-            ys = self._call_on_rows(op, params, _fold(key, stream, h), {t: arenas[t] for t in set(op.in_tidx)}, idx)
-            for y, (t, k) in zip(ys, op.out_slots):
-                start = groups["out"][h, self.model.slot_index[(t, k)]]
-                dest = jnp.where(valid, start + rows, S)  # S is out of bounds: dropped
-                mask = valid.reshape((size,) + (1,) * (y.ndim - 1))
-                y = jnp.where(mask, y, jnp.zeros((), y.dtype))
-                arenas[t] = arenas[t].at[dest].set(y, mode="drop")
+            # S is out of bounds: padded rows' writes are dropped.
+            dest = [jnp.where(valid, groups["out"][h, self.model.slot_index[slot]] + rows, S) for slot in op.out_slots]
+            rng, p = _fold(key, stream, h), self._params_for(op, params)
+            touched = set(op.in_tidx) | set(op.out_tidx)
+            f_arenas = {t: arenas[t] for t in touched if t in self.float_types}
+            i_arenas = {t: arenas[t] for t in touched if t not in self.float_types}
+            group = self._regathered(op) if chunk is None else self._in_pieces(op, _piece_rows(size, chunk))
+            f_out, i_out = group(p, f_arenas, i_arenas, {"idx": idx, "valid": valid, "dest": dest, "rng": rng})
+            arenas = {**arenas, **f_out, **i_out}
         return arenas
+
+    def _regathered(self, op: Any) -> Any:
+        """``group(p, f_arenas, i_arenas, aux)`` running ``op`` once on all of a group's rows,
+        differentiated by autodiff without keeping the gathered input rows: the backward pass
+        gathers them again from the arenas (which it keeps anyway). Everything else the op's
+        backward needs is kept as usual, so nothing but the gather is recomputed."""
+
+        def run(p, arenas, idx, rng):
+            xs = [checkpoint_name(arenas[t][idx[:, i]], _GATHERED) for i, t in enumerate(op.in_tidx)]
+            return _check(op, op.spec.fn(p, rng, *xs))
+
+        call = jax.checkpoint(run, policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
+
+        def group(p, f_arenas, i_arenas, aux):
+            arenas = {**f_arenas, **i_arenas}
+            return self._split(_write_rows(arenas, op, call(p, arenas, aux["idx"], aux["rng"]), aux))
+
+        return group
+
+    def _in_pieces(self, op: Any, piece: int) -> Any:
+        """``group(p, f_arenas, i_arenas, aux)`` running ``op`` on a group's rows ``piece`` at a
+        time, in a loop, forward and backward: the backward recomputes each piece's forward for
+        its ``vjp`` and scatter-adds the piece's input cotangents into the cotangent arenas in
+        place. A tail group such as a per-node readout reads every node's state: run whole, its
+        gathered inputs and their cotangents are each as large as those rows. Piece ``k`` draws
+        with ``fold_in(aux["rng"], k)``, forward and backward alike."""
+        float_types = self.float_types
+
+        def pieces(aux: dict) -> jax.Array:
+            return (jnp.sum(aux["valid"], dtype=jnp.int32) + piece - 1) // piece
+
+        def piece_of(aux: dict, k: Any) -> tuple:
+            """Piece ``k``'s input rows, valid mask, destination rows (per output) and key."""
+            at = lambda a: lax.dynamic_slice_in_dim(a, k * piece, piece)  # noqa: E731
+            rng = None if aux["rng"] is None else jax.random.fold_in(aux["rng"], k)
+            return at(aux["idx"]), at(aux["valid"]), [at(d) for d in aux["dest"]], rng
+
+        def gather(arenas: dict, idx: jax.Array) -> list:
+            return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
+
+        @jax.custom_vjp
+        def group(p, f_arenas, i_arenas, aux):
+            read = {**f_arenas, **i_arenas}
+            written = {t: read[t] for t in op.out_tidx}  # only these ride in the loop's carry
+
+            def body(k, written):
+                idx, valid, dest, rng = piece_of(aux, k)
+                ys = _check(op, op.spec.fn(p, rng, *gather({**read, **written}, idx)))
+                return _write_rows(written, op, ys, {"valid": valid, "dest": dest})
+
+            return self._split({**read, **lax.fori_loop(0, pieces(aux), body, written)})
+
+        def group_fwd(p, f_arenas, i_arenas, aux):
+            out = group(p, f_arenas, i_arenas, aux)
+            # The outputs hold the input rows unchanged (an op writes only its own rows).
+            return out, (p, out, aux)
+
+        def group_bwd(res, cts):
+            p, (f_out, i_out), aux = res
+            arenas = {**f_out, **i_out}
+
+            def body(k, carry):
+                ct, p_acc = dict(carry[0]), carry[1]
+                idx, valid, dests, rng = piece_of(aux, k)
+                _, vjp, diff = self._vjp(op, p, rng, gather(arenas, idx), float_types, False)
+                out_cts = []
+                for (t, _), dest in zip(op.out_slots, dests):
+                    if t in ct:
+                        out_cts.append(_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0)))
+                        ct[t] = ct[t].at[dest].set(0, mode="drop")  # the forward overwrote these rows
+                    else:
+                        out_cts.append(np.zeros((piece, *self.types[t].shape), jax.dtypes.float0))
+                p_ct, *x_cts = vjp(out_cts)
+                for i, x_ct in zip(diff, x_cts):
+                    t = op.in_tidx[i]
+                    rows = jnp.where(valid, idx[:, i], ct[t].shape[0])  # out of bounds: dropped
+                    ct[t] = ct[t].at[rows].add(_masked(valid, x_ct), mode="drop")
+                return ct, jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
+
+            p0 = jax.tree_util.tree_map(jnp.zeros_like, p)
+            ct, p_ct = lax.fori_loop(0, pieces(aux), body, (dict(cts[0]), p0))
+            return p_ct, ct, None, None
+
+        group.defvjp(group_fwd, group_bwd)
+        return group
+
+    def _split(self, arenas: dict) -> tuple[dict, dict]:
+        """``arenas`` as (float arenas, other arenas)."""
+        return ({t: a for t, a in arenas.items() if t in self.float_types},
+                {t: a for t, a in arenas.items() if t not in self.float_types})
 
     def _plans(self, layout: Any, lparams: Any, key: Any, float_types: Any) -> dict:
         """Per loop operation (by position in ``layout.loop_ops``), the ``vjp`` leaves its
@@ -403,28 +498,34 @@ class Executor:
         arenas = self.initial_arenas(arrays, layout)
         in_idx = arrays["in_idx"]
         arenas = self.run_groups(params, arenas, in_idx, arrays["hoist"], layout.hoist_ops, layout.hoist_sizes,
-                                 key, _HOIST_STREAM)
+                                 key, _HOIST_STREAM, layout.chunk)
         if layout.loop_ops:
             names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
             lparams = {name: params[name] for name in names}
             loop_arrays = {k: arrays[k] for k in _LOOP_ARRAYS}
             arenas = self._make_loop(layout)(lparams, arenas, loop_arrays, key)
         return self.run_groups(params, arenas, in_idx, arrays["tail"], layout.tail_ops, layout.tail_sizes, key,
-                               _TAIL_STREAM)
+                               _TAIL_STREAM, layout.chunk)
 
 
-def _regather_in_backward(call: Any) -> Any:
-    """``call(op, params, rng, xs)`` on rows ``idx`` gathered from ``arenas``, differentiated
-    without keeping the gathered copy: the backward pass gathers again from the arenas (which it
-    keeps anyway) instead of holding a second copy of every input row. Everything else the op's
-    backward needs is kept as usual, so nothing but the gather is recomputed."""
+def _piece_rows(size: int, chunk: int) -> int:
+    """Rows per piece of a group of ``size`` rows whose backward runs in pieces: at most
+    ``_PIECES`` pieces, none smaller than ``chunk`` unless the group is."""
+    return size // min(_PIECES, max(1, size // chunk))
 
-    def run(op, params, rng, arenas, idx):
-        xs = [checkpoint_name(arenas[t][idx[:, i]], _GATHERED) for i, t in enumerate(op.in_tidx)]
-        return call(op, params, rng, xs)
 
-    return jax.checkpoint(run, static_argnums=(0,),
-                          policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
+def _masked(valid: jax.Array, x: jax.Array) -> jax.Array:
+    """``x`` with the rows where ``valid`` is False set to zero."""
+    return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+
+def _write_rows(arenas: dict, op: Any, ys: list, aux: dict) -> dict:
+    """``arenas`` with ``op``'s outputs ``ys`` written to rows ``aux["dest"]`` (one array per
+    output; out-of-bounds rows are dropped) and zeros on padded rows."""
+    arenas = dict(arenas)
+    for y, (t, _), dest in zip(ys, op.out_slots, aux["dest"]):
+        arenas[t] = arenas[t].at[dest].set(_masked(aux["valid"], y), mode="drop")
+    return arenas
 
 
 def _write_at(buffer: jax.Array, chunk: jax.Array, start: Any) -> jax.Array:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 import fold as fd
-from tests.models import MODELS, enable_x64
+from tests.models import MODELS, enable_x64, random_tree
 
 
 def _dropout_model(rate: float, size: int = 32):
@@ -78,6 +80,52 @@ def test_recurrent_dropout_in_the_loop_has_consistent_gradients():
             step = jnp.zeros(flat.size).at[i].set(eps)
             fd_grad = (loss_jit(flat + step) - loss_jit(flat - step)) / (2 * eps)
             np.testing.assert_allclose(g_flat[i], fd_grad, rtol=1e-5, atol=1e-8, err_msg=f"coord {i}")
+
+
+def _check_finite_differences(loss, params, coords: int = 12) -> None:
+    """``jax.grad(loss)`` at ``params`` against central differences at random coordinates."""
+    grads = jax.jit(jax.grad(loss))(params)
+    flat, unravel = jax.flatten_util.ravel_pytree(params)
+    g_flat, _ = jax.flatten_util.ravel_pytree(grads)
+    loss_jit = jax.jit(lambda f: loss(unravel(f)))
+    eps = 1e-6
+    for i in np.random.default_rng(0).choice(flat.size, size=coords, replace=False):
+        step = jnp.zeros(flat.size).at[i].set(eps)
+        fd_grad = (loss_jit(flat + step) - loss_jit(flat - step)) / (2 * eps)
+        np.testing.assert_allclose(g_flat[i], fd_grad, rtol=1e-5, atol=1e-8, err_msg=f"coord {i}")
+
+
+def test_dropout_in_hoisted_and_tail_groups_has_consistent_gradients():
+    """Hoisted and tail groups run in pieces, each with its own key; the backward pass must
+    replay every piece's masks (finite differences would disagree otherwise)."""
+    with enable_x64():
+        hidden, words = 5, 30
+        h = fd.TensorType((hidden,), "float64")
+        decl = fd.ForwardDeclaration(fd.PyObjectType(), h)
+        leaf = fd.Scalar("int32") >> fd.Embedding(words, hidden, dtype="float64") >> fd.Dropout(0.4)
+        inner = fd.Record((decl(), decl())) >> fd.Concat() >> fd.FC(hidden, activation=jnp.tanh)
+        node = fd.Composition()
+        with node.scope():
+            state = fd.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}).reads(node.input)
+            score = fd.FC(1, activation=jnp.tanh) >> fd.Dropout(0.3)
+            fd.Metric("score").reads(score.reads(state))
+            node.output.reads(state)
+        decl.resolve_to(node)
+        compiler = fd.Compiler.create(decl(), chunk_size=8)
+        rng = random.Random(2)
+        batch = compiler.build_batch([random_tree(rng, rng.randint(4, 12), lambda r: r.randrange(words))
+                                      for _ in range(8)])
+        layout = batch.layout
+        assert layout.hoist_sizes and layout.tail_sizes and max(layout.hoist_sizes + layout.tail_sizes) >= 4 * 8
+        params = compiler.init(jax.random.key(1))
+        key = jax.random.key(5)
+
+        def loss(p, k=key):
+            result = compiler.apply(p, batch, k)
+            return jnp.sum(jnp.sin(result.outputs) ** 2) + jnp.sum(result.metrics["score"].sum())
+
+        assert not np.allclose(loss(params), loss(params, None))
+        _check_finite_differences(loss, params)
 
 
 def _functions(block: fd.Block) -> list:
