@@ -4,24 +4,26 @@ See ``docs/design.md``. In short:
 
 * One arena per tensor type: constants, then node outputs, in as many rows
   as that type needs rounded up to a power of two, then ``C`` dump rows.
-* Depth-1 groups read only constants; they run once, before the loop, on
-  their row count padded to a power of two, and are differentiated by
-  ordinary autodiff (gathering their inputs again in the backward pass
-  rather than keeping the gathered copy).
-  Tail groups (operations only a few calls from a result, such as a
-  per-node readout and loss) run the same way after the loop.
+* Depth-1 groups read only constants; they run before the loop, each on
+  its row count padded to a power of two. Tail groups (operations only a
+  few calls from a result, such as a per-node readout and loss) run the
+  same way after the loop. Both run in a small loop over at most 8 pieces,
+  so no stage holds a whole group's gathered inputs or their cotangents.
 * Deeper groups are work items ``(branch, first node, count)``; the loop
   runs one per iteration, dispatching with one ``lax.switch`` over
   (operation, item size). Branches *read* arenas and return padded
   ``C``-row chunks; the ``dynamic_update_slice`` happens outside the
   switch so XLA never copies an arena through a conditional.
-* Reverse mode is a ``jax.custom_vjp`` whose residual is the final arena
-  and whose backward pass is a second loop over the items in reverse:
-  recompute each item's ``vjp``, mask padded rows, and scatter-add input
-  cotangents into the cotangent arena in one scatter per type.
+* Reverse mode is one ``jax.custom_vjp`` over hoisted groups, loop and tail
+  groups whose residual is the final arenas (every row is written once,
+  before anything reads it): the backward pass runs the tail groups', the
+  loop's and the hoisted groups' pieces and items in reverse, recomputing
+  each one's ``vjp``, masking padded rows, and scatter-adding input
+  cotangents into one cotangent arena per float type, in place.
 * Stochastic layers get a key folded from the ``apply`` key and the
-  item's index (hoisted and tail groups: the group's index), so the backward loop
-  recomputes each item with the same random draws as the forward loop.
+  item's index (hoisted and tail groups: the group's and the piece's), so
+  the backward pass recomputes each with the same random draws as the
+  forward pass.
 * Padded rows of an item read the item's first real row, so they compute
   on real (finite) data; their output cotangents are zero and their input
   cotangents go to the dump row, so padding never leaks into results or
@@ -36,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.ad_checkpoint import checkpoint_name
 
 from fold.scheduler.schedule import item_sizes
 
@@ -45,14 +46,14 @@ __all__ = ["Executor"]
 # Index literals must match the int32 index arrays, also when x64 is on.
 _I0 = np.int32(0)
 
-_LOOP_ARRAYS = ("in_idx", "items_branch", "items_node", "items_count", "items_out", "items_saved", "n_items")
+_RUN_ARRAYS = ("in_idx", "hoist", "tail", "items_branch", "items_node", "items_count", "items_out", "items_saved",
+               "n_items")
 
 # Streams of per-call keys: loop items, hoisted and tail groups never share a key.
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 
-_GATHERED = "fold_gathered_inputs"  # checkpoint name of a whole group's gathered input rows
-# A tail group's backward runs in at most this many pieces (``Executor._in_pieces``): its
-# temporaries shrink to a piece's rows for a few more loop iterations.
+# A hoisted or tail group runs in at most this many pieces, forward and backward
+# (``Executor._group_forward``): its temporaries shrink to a piece's rows for a few loop iterations.
 _PIECES = 8
 
 # What ``backward="save"`` keeps of a loop item: its matmuls' outputs. The backward pass recomputes
@@ -86,8 +87,7 @@ class Executor:
         idx = lax.dynamic_slice(in_idx, (first, _I0), (size, in_idx.shape[1]))[:, :n_in]
         valid = jnp.arange(size) < count
         idx = jnp.where(valid[:, None], idx, idx[:1])
-        xs = [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
-        return xs, idx, valid
+        return _gather_rows(op, arenas, idx), idx, valid
 
     def _slots(self, op_ids: tuple, which: str) -> dict[int, int]:
         """Per arena type, the most outputs (or inputs) of that type any op has."""
@@ -169,119 +169,61 @@ class Executor:
                 arenas[t] = jnp.zeros((layout.arena_rows[t] + C, *tt.shape), tt.dtype)
         return arenas
 
-    def run_groups(self, params: Any, arenas: dict, in_idx: Any, groups: dict, ops: tuple, sizes: tuple,
-                   key: Any, stream: int, chunk: int | None = None) -> dict:
-        """Runs whole groups (hoisted before the loop, or tail groups after it) in order, group
-        ``h`` once on ``sizes[h]`` padded rows, and writes their outputs. With ``chunk`` (tail
-        groups), each group runs in pieces (``_in_pieces``)."""
+    # ------------------------------------------------------- whole groups
+    def _groups(self, arrays: dict, which: str, ops: tuple, sizes: tuple, chunk: int, stream: int) -> list:
+        """Per hoisted (``which="hoist"``) or tail group, in order: ``(op, piece, aux)``, ``piece``
+        its rows per loop iteration and ``aux`` its input rows ``idx``, ``valid`` rows,
+        destination rows ``dest`` (one array per output; padded rows get an out-of-bounds row, so
+        their writes are dropped) and key ``rng``."""
+        in_idx, groups = arrays["in_idx"], arrays[which]
         S = in_idx.shape[0]
+        out = []
         for h, (o, size) in enumerate(zip(ops, sizes)):
-            rows = jnp.arange(size)
             op = self.ops[o]
-            first, count = groups["node"][h], groups["count"][h]
-            valid = rows < count
-            idx = in_idx[jnp.minimum(first + rows, S - 1)][:, : len(op.in_tidx)]
+            rows = jnp.arange(size)
+            valid = rows < groups["count"][h]
+            idx = in_idx[jnp.minimum(groups["node"][h] + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
-            # S is out of bounds: padded rows' writes are dropped.
             dest = [jnp.where(valid, groups["out"][h, self.model.slot_index[slot]] + rows, S) for slot in op.out_slots]
-            rng, p = _fold(key, stream, h), self._params_for(op, params)
-            touched = set(op.in_tidx) | set(op.out_tidx)
-            f_arenas = {t: arenas[t] for t in touched if t in self.float_types}
-            i_arenas = {t: arenas[t] for t in touched if t not in self.float_types}
-            group = self._regathered(op) if chunk is None else self._in_pieces(op, _piece_rows(size, chunk))
-            f_out, i_out = group(p, f_arenas, i_arenas, {"idx": idx, "valid": valid, "dest": dest, "rng": rng})
-            arenas = {**arenas, **f_out, **i_out}
-        return arenas
+            aux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(arrays["key"], stream, h)}
+            out.append((op, _piece_rows(size, chunk), aux))
+        return out
 
-    def _regathered(self, op: Any) -> Any:
-        """``group(p, f_arenas, i_arenas, aux)`` running ``op`` once on all of a group's rows,
-        differentiated by autodiff without keeping the gathered input rows: the backward pass
-        gathers them again from the arenas (which it keeps anyway). Everything else the op's
-        backward needs is kept as usual, so nothing but the gather is recomputed."""
+    def _group_forward(self, op: Any, piece: int, p: Any, arenas: dict, aux: dict) -> dict:
+        """``arenas`` after running a whole group, ``piece`` rows per iteration of a loop whose
+        carry holds only the arenas the group writes. Piece ``k`` draws with
+        ``fold_in(aux["rng"], k)``."""
 
-        def run(p, arenas, idx, rng):
-            xs = [checkpoint_name(arenas[t][idx[:, i]], _GATHERED) for i, t in enumerate(op.in_tidx)]
-            return _check(op, op.spec.fn(p, rng, *xs))
+        def body(k, written):
+            idx, valid, dest, rng = _piece(aux, piece, k)
+            ys = _check(op, op.spec.fn(p, rng, *_gather_rows(op, {**arenas, **written}, idx)))
+            return _write_rows(written, op, ys, valid, dest)
 
-        call = jax.checkpoint(run, policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
+        written = {t: arenas[t] for t in set(op.out_tidx)}
+        return {**arenas, **lax.fori_loop(0, _pieces(aux, piece), body, written)}
 
-        def group(p, f_arenas, i_arenas, aux):
-            arenas = {**f_arenas, **i_arenas}
-            return self._split(_write_rows(arenas, op, call(p, arenas, aux["idx"], aux["rng"]), aux))
+    def _group_backward(self, op: Any, piece: int, p: Any, arenas: dict, ct: dict, aux: dict) -> tuple[dict, Any]:
+        """The group's backward pass, ``piece`` rows at a time: recompute the piece's forward
+        (same keys) for its ``vjp`` from the final ``arenas``, read its output cotangents from the
+        cotangent arenas ``ct`` and scatter-add its input cotangents into them in place. Returns
+        ``ct`` and the cotangent of ``p``. A group run whole would hold its gathered inputs and
+        their cotangents, each as large as its rows: for a per-node readout, every node's state."""
 
-        return group
+        def body(k, carry):
+            ct, p_acc = dict(carry[0]), carry[1]
+            idx, valid, dests, rng = _piece(aux, piece, k)
+            _, vjp, diff = self._vjp(op, p, rng, _gather_rows(op, arenas, idx), self.float_types, False)
+            out_cts = [_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0)) if t in ct
+                       else np.zeros((piece, *self.types[t].shape), jax.dtypes.float0)
+                       for (t, _), dest in zip(op.out_slots, dests)]
+            p_ct, *x_cts = vjp(out_cts)
+            for i, x_ct in zip(diff, x_cts):
+                t = op.in_tidx[i]
+                rows = jnp.where(valid, idx[:, i], ct[t].shape[0])  # out of bounds: dropped
+                ct[t] = ct[t].at[rows].add(_masked(valid, x_ct), mode="drop")
+            return ct, jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
 
-    def _in_pieces(self, op: Any, piece: int) -> Any:
-        """``group(p, f_arenas, i_arenas, aux)`` running ``op`` on a group's rows ``piece`` at a
-        time, in a loop, forward and backward: the backward recomputes each piece's forward for
-        its ``vjp`` and scatter-adds the piece's input cotangents into the cotangent arenas in
-        place. A tail group such as a per-node readout reads every node's state: run whole, its
-        gathered inputs and their cotangents are each as large as those rows. Piece ``k`` draws
-        with ``fold_in(aux["rng"], k)``, forward and backward alike."""
-        float_types = self.float_types
-
-        def pieces(aux: dict) -> jax.Array:
-            return (jnp.sum(aux["valid"], dtype=jnp.int32) + piece - 1) // piece
-
-        def piece_of(aux: dict, k: Any) -> tuple:
-            """Piece ``k``'s input rows, valid mask, destination rows (per output) and key."""
-            at = lambda a: lax.dynamic_slice_in_dim(a, k * piece, piece)  # noqa: E731
-            rng = None if aux["rng"] is None else jax.random.fold_in(aux["rng"], k)
-            return at(aux["idx"]), at(aux["valid"]), [at(d) for d in aux["dest"]], rng
-
-        def gather(arenas: dict, idx: jax.Array) -> list:
-            return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
-
-        @jax.custom_vjp
-        def group(p, f_arenas, i_arenas, aux):
-            read = {**f_arenas, **i_arenas}
-            written = {t: read[t] for t in op.out_tidx}  # only these ride in the loop's carry
-
-            def body(k, written):
-                idx, valid, dest, rng = piece_of(aux, k)
-                ys = _check(op, op.spec.fn(p, rng, *gather({**read, **written}, idx)))
-                return _write_rows(written, op, ys, {"valid": valid, "dest": dest})
-
-            return self._split({**read, **lax.fori_loop(0, pieces(aux), body, written)})
-
-        def group_fwd(p, f_arenas, i_arenas, aux):
-            out = group(p, f_arenas, i_arenas, aux)
-            # The outputs hold the input rows unchanged (an op writes only its own rows).
-            return out, (p, out, aux)
-
-        def group_bwd(res, cts):
-            p, (f_out, i_out), aux = res
-            arenas = {**f_out, **i_out}
-
-            def body(k, carry):
-                ct, p_acc = dict(carry[0]), carry[1]
-                idx, valid, dests, rng = piece_of(aux, k)
-                _, vjp, diff = self._vjp(op, p, rng, gather(arenas, idx), float_types, False)
-                out_cts = []
-                for (t, _), dest in zip(op.out_slots, dests):
-                    if t in ct:
-                        out_cts.append(_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0)))
-                        ct[t] = ct[t].at[dest].set(0, mode="drop")  # the forward overwrote these rows
-                    else:
-                        out_cts.append(np.zeros((piece, *self.types[t].shape), jax.dtypes.float0))
-                p_ct, *x_cts = vjp(out_cts)
-                for i, x_ct in zip(diff, x_cts):
-                    t = op.in_tidx[i]
-                    rows = jnp.where(valid, idx[:, i], ct[t].shape[0])  # out of bounds: dropped
-                    ct[t] = ct[t].at[rows].add(_masked(valid, x_ct), mode="drop")
-                return ct, jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
-
-            p0 = jax.tree_util.tree_map(jnp.zeros_like, p)
-            ct, p_ct = lax.fori_loop(0, pieces(aux), body, (dict(cts[0]), p0))
-            return p_ct, ct, None, None
-
-        group.defvjp(group_fwd, group_bwd)
-        return group
-
-    def _split(self, arenas: dict) -> tuple[dict, dict]:
-        """``arenas`` as (float arenas, other arenas)."""
-        return ({t: a for t, a in arenas.items() if t in self.float_types},
-                {t: a for t, a in arenas.items() if t not in self.float_types})
+        return lax.fori_loop(0, _pieces(aux, piece), body, (ct, jax.tree_util.tree_map(jnp.zeros_like, p)))
 
     def _plans(self, layout: Any, lparams: Any, key: Any, float_types: Any) -> dict:
         """Per loop operation (by position in ``layout.loop_ops``), the ``vjp`` leaves its
@@ -448,43 +390,75 @@ class Executor:
         _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (arrays["n_items"] - 1, ct, p0))
         return p_acc, ct
 
-    def _make_loop(self, layout: Any):
+    def _make_run(self, layout: Any):
+        """``run(params, arenas, arrays) -> arenas``: hoisted groups, the loop and tail groups,
+        differentiated as one ``custom_vjp`` whose residual is the final arenas. Rows are written
+        once and read only after, so every backward stage reads its inputs there: no stage keeps
+        an arena version of its own (a hoisted group writing the loop's type would otherwise
+        keep a second copy of that arena)."""
         float_ids = self.float_types
-        int_ids = [t for t in range(len(self.types)) if t not in float_ids]
+        loop_names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
+        hoist = ("hoist", layout.hoist_ops, layout.hoist_sizes, layout.chunk, _HOIST_STREAM)
+        tail = ("tail", layout.tail_ops, layout.tail_sizes, layout.chunk, _TAIL_STREAM)
 
-        def join(f: dict, i: dict) -> dict:
-            return {**f, **i}
+        def split(arenas: dict) -> tuple[dict, dict]:
+            return ({t: a for t, a in arenas.items() if t in float_ids},
+                    {t: a for t, a in arenas.items() if t not in float_ids})
 
-        def forward(lparams, f_arenas, i_arenas, arrays, plans):
-            out, saved = self._forward_loop(lparams, join(f_arenas, i_arenas), arrays, layout, arrays["key"], plans)
-            return ({t: out[t] for t in float_ids}, {t: out[t] for t in int_ids}), saved
+        def forward(params, arenas, arrays, plans):
+            for op, piece, aux in self._groups(arrays, *hoist):
+                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
+            saved = {}
+            if layout.loop_ops:
+                lparams = {name: params[name] for name in loop_names}
+                arenas, saved = self._forward_loop(lparams, arenas, arrays, layout, arrays["key"], plans)
+            for op, piece, aux in self._groups(arrays, *tail):
+                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
+            return split(arenas), saved
+
+        def plans_for(params, arrays):
+            return self._plans(layout, {name: params[name] for name in loop_names}, arrays["key"], float_ids)
 
         # ``key`` rides in ``arrays`` (non-differentiable); None means deterministic.
         @jax.custom_vjp
-        def loop(lparams, f_arenas, i_arenas, arrays):
-            return forward(lparams, f_arenas, i_arenas, arrays, {})[0]
+        def run(params, f_arenas, i_arenas, arrays):
+            return forward(params, {**f_arenas, **i_arenas}, arrays, {})[0]
 
-        def loop_fwd(lparams, f_arenas, i_arenas, arrays):
-            out, saved = forward(lparams, f_arenas, i_arenas, arrays,
-                                 self._plans(layout, lparams, arrays["key"], float_ids))
-            return out, (lparams, out, arrays, saved)
+        def run_fwd(params, f_arenas, i_arenas, arrays):
+            out, saved = forward(params, {**f_arenas, **i_arenas}, arrays, plans_for(params, arrays))
+            return out, (params, out, arrays, saved)
 
-        def loop_bwd(res, cts):
-            lparams, (f_out, i_out), arrays, saved = res
-            ct_f, _ = cts
-            plans = self._plans(layout, lparams, arrays["key"], float_ids)
-            p_ct, ct = self._backward_loop(lparams, join(f_out, i_out), dict(ct_f), arrays, layout, arrays["key"],
-                                           plans, saved)
-            return p_ct, ct, None, None
+        def run_bwd(res, cts):
+            params, (f_out, i_out), arrays, saved = res
+            arenas, ct = {**f_out, **i_out}, dict(cts[0])
+            p_ct = jax.tree_util.tree_map(jnp.zeros_like, params)
 
-        loop.defvjp(loop_fwd, loop_bwd)
+            def add(name, g):
+                p_ct[name] = jax.tree_util.tree_map(jnp.add, p_ct[name], g)
 
-        def run(lparams, arenas, arrays, key):
-            f_out, i_out = loop(lparams, {t: arenas[t] for t in float_ids},
-                                {t: arenas[t] for t in int_ids}, {**arrays, "key": key})
-            return join(f_out, i_out)
+            def groups_backward(which, ct):
+                for op, piece, aux in reversed(self._groups(arrays, *which)):
+                    ct, g = self._group_backward(op, piece, self._params_for(op, params), arenas, ct, aux)
+                    if op.layer is not None:
+                        add(op.layer.name, g)
+                return ct
 
-        return run
+            ct = groups_backward(tail, ct)
+            if layout.loop_ops:
+                lparams = {name: params[name] for name in loop_names}
+                g_loop, ct = self._backward_loop(lparams, arenas, ct, arrays, layout, arrays["key"],
+                                                 plans_for(params, arrays), saved)
+                for name, g in g_loop.items():
+                    add(name, g)
+            return p_ct, groups_backward(hoist, ct), None, None
+
+        run.defvjp(run_fwd, run_bwd)
+
+        def call(params, arenas, arrays):
+            f_out, i_out = run(params, *split(arenas), arrays)
+            return {**f_out, **i_out}
+
+        return call
 
     # ------------------------------------------------------------------ run
     def arenas(self, params: Any, batch: Any, key: Any = None) -> dict:
@@ -496,22 +470,31 @@ class Executor:
         layout = batch.layout
         params = self.model.prepare_params(params)
         arenas = self.initial_arenas(arrays, layout)
-        in_idx = arrays["in_idx"]
-        arenas = self.run_groups(params, arenas, in_idx, arrays["hoist"], layout.hoist_ops, layout.hoist_sizes,
-                                 key, _HOIST_STREAM, layout.chunk)
-        if layout.loop_ops:
-            names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
-            lparams = {name: params[name] for name in names}
-            loop_arrays = {k: arrays[k] for k in _LOOP_ARRAYS}
-            arenas = self._make_loop(layout)(lparams, arenas, loop_arrays, key)
-        return self.run_groups(params, arenas, in_idx, arrays["tail"], layout.tail_ops, layout.tail_sizes, key,
-                               _TAIL_STREAM, layout.chunk)
+        run_arrays = {**{k: arrays[k] for k in _RUN_ARRAYS}, "key": key}
+        return self._make_run(layout)(params, arenas, run_arrays)
 
 
 def _piece_rows(size: int, chunk: int) -> int:
-    """Rows per piece of a group of ``size`` rows whose backward runs in pieces: at most
-    ``_PIECES`` pieces, none smaller than ``chunk`` unless the group is."""
+    """Rows per loop iteration of a whole group of ``size`` rows: at most ``_PIECES`` pieces, none
+    smaller than ``chunk`` unless the group is."""
     return size // min(_PIECES, max(1, size // chunk))
+
+
+def _pieces(aux: dict, piece: int) -> jax.Array:
+    """How many pieces of ``piece`` rows hold a group's real rows."""
+    return (jnp.sum(aux["valid"], dtype=jnp.int32) + piece - 1) // piece
+
+
+def _piece(aux: dict, piece: int, k: Any) -> tuple:
+    """Piece ``k`` of a group: its input rows, valid mask, destination rows (per output) and key."""
+    at = lambda a: lax.dynamic_slice_in_dim(a, k * piece, piece)  # noqa: E731
+    rng = None if aux["rng"] is None else jax.random.fold_in(aux["rng"], k)
+    return at(aux["idx"]), at(aux["valid"]), [at(d) for d in aux["dest"]], rng
+
+
+def _gather_rows(op: Any, arenas: dict, idx: jax.Array) -> list:
+    """``op``'s input rows ``idx`` (one column per input) from ``arenas``."""
+    return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
 
 
 def _masked(valid: jax.Array, x: jax.Array) -> jax.Array:
@@ -519,12 +502,12 @@ def _masked(valid: jax.Array, x: jax.Array) -> jax.Array:
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
 
 
-def _write_rows(arenas: dict, op: Any, ys: list, aux: dict) -> dict:
-    """``arenas`` with ``op``'s outputs ``ys`` written to rows ``aux["dest"]`` (one array per
-    output; out-of-bounds rows are dropped) and zeros on padded rows."""
+def _write_rows(arenas: dict, op: Any, ys: list, valid: jax.Array, dest: list) -> dict:
+    """``arenas`` with ``op``'s outputs ``ys`` written to rows ``dest`` (one array per output;
+    out-of-bounds rows are dropped), zeros on rows that are not ``valid``."""
     arenas = dict(arenas)
-    for y, (t, _), dest in zip(ys, op.out_slots, aux["dest"]):
-        arenas[t] = arenas[t].at[dest].set(_masked(aux["valid"], y), mode="drop")
+    for y, (t, _), rows in zip(ys, op.out_slots, dest):
+        arenas[t] = arenas[t].at[rows].set(_masked(valid, y), mode="drop")
     return arenas
 
 
