@@ -1,11 +1,14 @@
 """Executor tuning: the chunk size C, and whole-arena copies in the compiled loop.
 
-For each ``--chunk-sizes`` value C, two multi-operation training steps
+For each ``--chunk-sizes`` value C, three multi-operation training steps
 (``--mode infer``: forward passes) are compiled and timed (median of
 ``--repeats`` rounds that take turns between the values of C, so that all
 see the same drift of the shared machine; compilation excluded and
 reported): the SST Tree-LSTM (leaf, pair, readout and metric operations)
-on real SST trees, and the Table 1 model on random 128-leaf trees. A very
+on real SST trees, the Table 1 model on random 128-leaf trees, and two
+stacked weave modules (``examples.weave``: six layers per module over
+atoms and atom pairs, sums, a read-out and a loss metric) on random
+molecules of 4-10 atoms. A very
 large C is the "one power-of-two bucket per (depth, operation)" dispatch:
 every group becomes a single work item, so the sweep also compares
 dispatch per chunk with dispatch per depth. Each workload also reports
@@ -34,8 +37,10 @@ import optax
 import fold as fd
 from benchmarks import models, table1
 from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
-from examples import sst
+from examples import sst, weave
 from examples.common import make_train_step, print_table
+
+WORKLOADS = ("sst", "table1", "weave")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sst-batch", type=int, default=64)
     p.add_argument("--tree-batch", type=int, default=256, help="batch of random trees (Table 1 model)")
     p.add_argument("--hidden", type=int, default=150, help="SST state size (the Table 1 model uses 256)")
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--weave-batch", type=int, default=32, help="molecules per weave batch")
+    p.add_argument("--weave-hidden", type=int, default=32, help="weave layer width")
     p.add_argument("--mode", choices=("train", "infer"), default="train",
                    help="time training steps, or forward passes")
     p.add_argument("--repeats", type=int, default=5)
@@ -51,8 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.chunk_sizes, args.sst_batch, args.tree_batch, args.hidden, args.repeats = [8, 64], 8, 4, 8, 1
+        args.weave_batch, args.weave_hidden = 4, 8
     if any(c < 8 or c & (c - 1) for c in args.chunk_sizes):
         p.error("chunk sizes must be powers of two >= 8")
+    if min(args.sst_batch, args.tree_batch, args.hidden, args.weave_batch, args.weave_hidden, args.repeats) <= 0:
+        p.error("batch sizes, widths and --repeats must be positive")
     return args
 
 
@@ -86,11 +97,12 @@ def loop_computations(hlo: str) -> dict[str, str]:
     return {name: comps[name] for name in seen}
 
 
-def arena_copies(hlo: str, rows: int | set[int]) -> int:
-    """HLO ``copy`` instructions inside loops whose result has ``rows`` (or any of a set of row
-    counts) leading rows: a whole arena copied on every iteration."""
-    alternatives = "|".join(str(r) for r in sorted({rows} if isinstance(rows, int) else rows))
-    copy = re.compile(rf"= \w+\[(?:{alternatives})(?:,[\d,]*)?\]\S* copy\(")
+def arena_copies(hlo: str, shapes: set[tuple[int, ...]]) -> int:
+    """HLO ``copy`` instructions inside loops whose result has one of ``shapes`` (the arenas' full
+    shapes, rows first): a whole arena copied on every iteration. Matching rows alone would count
+    per-item buffers that happen to have as many rows as some arena."""
+    alternatives = "|".join(re.escape(",".join(map(str, s))) for s in sorted(shapes))
+    copy = re.compile(rf"= \w+\[(?:{alternatives})\]\S* copy\(")
     return sum(len(copy.findall(body)) for body in loop_computations(hlo).values())
 
 
@@ -121,7 +133,8 @@ def compile_step(block: fd.Block, examples: list, chunk: int, mode: str) -> tupl
     hlo = compiled.as_text()
     row = {"chunk": chunk, "compile_s": compile_s, "items": host.stats.num_items, "nodes": host.stats.num_nodes,
            "size_class": host.layout.size_class,
-           "arena_copies": arena_copies(hlo, {r + chunk for r in host.layout.arena_rows}),
+           "arena_copies": arena_copies(hlo, {(r + chunk, *t.shape)
+                                              for r, t in zip(host.layout.arena_rows, compiler.types)}),
            "loop_computations": len(loop_computations(hlo))}
     return row, lambda: jax.block_until_ready(compiled(*step_args))
 
@@ -138,19 +151,27 @@ def measure(block: fd.Block, examples: list, chunks: list[int], mode: str, repea
     return [dict(row, step_s=times[row["chunk"]]) for row in rows]
 
 
+def workload(name: str, args: argparse.Namespace) -> tuple[fd.Block, list]:
+    """The model and the batch of examples of workload ``name``."""
+    if name == "sst":
+        trees = sst.load("train", args.data_dir)
+        model = models.sst_model(sst.vocabulary(trees), state_size=args.hidden, embed_size=100)
+        return model, random.Random(0).sample(trees, args.sst_batch)
+    if name == "table1":
+        leaves = 16 if args.quick else 128
+        rng = random.Random(0)
+        return (models.table1_model(16 if args.quick else 256, leaves),
+                [models.random_tree(rng, leaves) for _ in range(args.tree_batch)])
+    rng = np.random.default_rng(0)
+    return (weave.build_weave(args.weave_hidden, modules=2),
+            [weave.random_molecule(rng, 4, 10) for _ in range(args.weave_batch)])
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    trees = sst.load("train", args.data_dir)
-    sst_examples = random.Random(0).sample(trees, args.sst_batch)
-    leaves = 16 if args.quick else 128
-    rng = random.Random(0)
-    workloads = {
-        "sst": (models.sst_model(sst.vocabulary(trees), state_size=args.hidden, embed_size=100), sst_examples),
-        "table1": (models.table1_model(16 if args.quick else 256, leaves),
-                   [models.random_tree(rng, leaves) for _ in range(args.tree_batch)]),
-    }
     results: dict[str, Any] = {"args": vars(args), "workloads": {}}
-    for name, (block, examples) in workloads.items():
+    for name in args.workloads:
+        block, examples = workload(name, args)
         print(f"{name} ({len(examples)} examples, {args.mode}):", flush=True)
         rows = measure(block, examples, args.chunk_sizes, args.mode, args.repeats)
         best = min(rows, key=lambda r: r["step_s"])

@@ -32,7 +32,7 @@ See ``docs/design.md``. In short:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -243,16 +243,21 @@ class Executor:
                 plans[q] = saved
         return plans
 
-    def _saved_start(self, arrays: dict, layout: Any, i: Any, q: int) -> Any:
-        """Where item ``i`` keeps its saved leaves in the buffers of loop operation ``q``: the
-        schedule lays that operation's items out one after another (``layout.saved_rows[q]`` rows
-        in all), each writing ``C`` rows from where the previous one's padded rows end, so a padded
-        tail only ever lands on rows a later item writes. Items of other operations write to the
-        ``C`` dump rows past the end."""
-        mine = arrays["items_branch"][i] // len(item_sizes(layout.chunk)) == q
-        return jnp.where(mine, arrays["items_saved"][i], layout.saved_rows[q])
+    def _saved_starts(self, arrays: dict, layout: Any, buffers: _SavedBuffers, i: Any) -> list:
+        """Per saved buffer, the row from which item ``i`` writes (and reads back) its ``C`` rows:
+        its operation's region of that buffer plus the item's offset in it (the schedule lays each
+        operation's items out one after another, each writing ``C`` rows from where the previous
+        one's padded rows end, so a padded tail only ever lands on rows a later item writes), or
+        the ``C`` dump rows past the end when its operation keeps nothing there."""
+        q = arrays["items_branch"][i] // len(item_sizes(layout.chunk))
+        starts = []
+        for first, rows in zip(buffers.first_rows, buffers.rows):
+            first = jnp.asarray(first)[q]
+            starts.append(jnp.where(first >= 0, first + arrays["items_saved"][i], rows))
+        return starts
 
-    def _forward_branches(self, layout: Any, k_out: dict, plans: dict, float_types: Any) -> list:
+    def _forward_branches(self, layout: Any, k_out: dict, plans: dict, buffers: _SavedBuffers,
+                          float_types: Any) -> list:
         C = layout.chunk
         branches = []
         for q, o in enumerate(layout.loop_ops):
@@ -260,13 +265,13 @@ class Executor:
             for size in item_sizes(layout.chunk):
                 def branch(lparams, rng, arenas, in_idx, first, count, op=op, q=q, size=size):
                     xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
-                    saved = {r: [jnp.zeros((C, *shape), dtype) for _, shape, dtype in leaves]
-                             for r, leaves in plans.items()}
+                    saved = [jnp.zeros((C, *shape), dtype) for shape, dtype in buffers.rows_of]
                     if q in plans:
                         ys, vjp, _ = self._vjp(op, self._params_for(op, lparams), rng, xs, float_types, True)
                         ys = _check(op, ys)
                         leaves = jax.tree_util.tree_leaves(vjp)
-                        saved[q] = [s.at[:size].set(leaves[j]) for s, (j, _, _) in zip(saved[q], plans[q])]
+                        for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
+                            saved[b] = saved[b].at[:size].set(leaves[j])
                     else:
                         ys = self._call(op, lparams, rng, xs)
                     out = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
@@ -281,23 +286,23 @@ class Executor:
                       plans: dict) -> tuple[dict, dict]:
         """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
-        branches = self._forward_branches(layout, k_out, plans, self.float_types)
+        buffers = _SavedBuffers.of(plans, layout.saved_rows)
+        branches = self._forward_branches(layout, k_out, plans, buffers, self.float_types)
         slot_index = self.model.slot_index
-        saved0 = {q: [jnp.zeros((layout.saved_rows[q] + layout.chunk, *shape), dtype)
-                      for _, shape, dtype in leaves] for q, leaves in plans.items()}
+        saved0 = [jnp.zeros((rows + layout.chunk, *shape), dtype)
+                  for rows, (shape, dtype) in zip(buffers.rows, buffers.rows_of)]
 
         def body(state):
             i, arenas, saved = state
             chunks, saved_chunks = lax.switch(arrays["items_branch"][i], branches, lparams,
                                               _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
                                               arrays["items_node"][i], arrays["items_count"][i])
-            arenas, saved = dict(arenas), dict(saved)
+            arenas = dict(arenas)
             for t, k_max in k_out.items():
                 for k in range(k_max):
                     arenas[t] = _write_at(arenas[t], chunks[t][k], arrays["items_out"][i, slot_index[(t, k)]])
-            for q in saved:
-                start = self._saved_start(arrays, layout, i, q)
-                saved[q] = [_write_at(b, c, start) for b, c in zip(saved[q], saved_chunks[q])]
+            starts = self._saved_starts(arrays, layout, buffers, i)
+            saved = [_write_at(b, c, start) for b, c, start in zip(saved, saved_chunks, starts)]
             return i + 1, arenas, saved
 
         _, arenas, saved = lax.while_loop(lambda s: s[0] < arrays["n_items"], body,
@@ -305,7 +310,8 @@ class Executor:
         return arenas, saved
 
     # ------------------------------------------------------------ backward
-    def _backward_branches(self, layout: Any, k_in: dict, float_types: list, plans: dict) -> list:
+    def _backward_branches(self, layout: Any, k_in: dict, float_types: list, plans: dict,
+                           buffers: _SavedBuffers) -> list:
         C = layout.chunk
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
         branches = []
@@ -325,8 +331,8 @@ class Executor:
                         # Padded rows take the first row's, as in the forward loop (the buffer
                         # holds those or a later item's rows there).
                         leaves, tree = jax.tree_util.tree_flatten(vjp)
-                        for (j, _, _), s in zip(plans[q], saved[q]):
-                            rows = s[:size]
+                        for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
+                            rows = saved[b][:size]
                             leaves[j] = jnp.where(rows_mask(rows), rows, rows[:1])
                         vjp = jax.tree_util.tree_unflatten(tree, leaves)
                     cts = []
@@ -354,11 +360,12 @@ class Executor:
         return branches
 
     def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: dict, layout: Any, key: Any,
-                       plans: dict, saved: dict) -> tuple:
+                       plans: dict, saved: list) -> tuple:
         float_types = sorted(ct)
         k_out = self._slots(layout.loop_ops, "out_slots")
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
-        branches = self._backward_branches(layout, k_in, float_types, plans)
+        buffers = _SavedBuffers.of(plans, layout.saved_rows)
+        branches = self._backward_branches(layout, k_in, float_types, plans, buffers)
         slot_index = self.model.slot_index
         C = layout.chunk
 
@@ -373,10 +380,8 @@ class Executor:
                     lax.dynamic_slice(ct[t], (arrays["items_out"][i, slot_index[(t, k)]], *(_I0,) * len(shape)),
                                       (C, *shape))
                     for k in range(k_max)])
-            saved_chunks = {}
-            for q in saved:
-                start = self._saved_start(arrays, layout, i, q)
-                saved_chunks[q] = [lax.dynamic_slice_in_dim(b, start, C) for b in saved[q]]
+            saved_chunks = [lax.dynamic_slice_in_dim(b, start, C)
+                            for b, start in zip(saved, self._saved_starts(arrays, layout, buffers, i))]
             in_cts, in_rows, p_ct = lax.switch(
                 arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
                 arrays["items_node"][i], arrays["items_count"][i], ct_chunks, saved_chunks)
@@ -408,7 +413,7 @@ class Executor:
         def forward(params, arenas, arrays, plans):
             for op, piece, aux in self._groups(arrays, *hoist):
                 arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
-            saved = {}
+            saved = []
             if layout.loop_ops:
                 lparams = {name: params[name] for name in loop_names}
                 arenas, saved = self._forward_loop(lparams, arenas, arrays, layout, arrays["key"], plans)
@@ -472,6 +477,40 @@ class Executor:
         arenas = self.initial_arenas(arrays, layout)
         run_arrays = {**{k: arrays[k] for k in _RUN_ARRAYS}, "key": key}
         return self._make_run(layout)(params, arenas, run_arrays)
+
+
+class _SavedBuffers(NamedTuple):
+    """The buffers a saving batch keeps its loop items' ``vjp`` leaves in, shared between loop
+    operations: the ``n``-th leaf of a given row shape and dtype of every operation goes to the
+    buffer of that (shape, dtype, n), in which each operation using it has rows of its own. An
+    item writes and reads one ``C``-row chunk per buffer, not one per leaf of every operation (a
+    model with several saving operations would otherwise pay for all of them in every item)."""
+
+    rows_of: tuple     # per buffer: (row shape, dtype)
+    rows: tuple        # per buffer: rows before its C dump rows
+    first_rows: tuple  # per buffer: per loop operation, its region's first row (-1: none)
+    of_leaves: dict    # per saving loop operation: the buffer of each of its saved leaves
+
+    @classmethod
+    def of(cls, plans: dict, saved_rows: tuple) -> _SavedBuffers:
+        """The buffers for ``plans`` (``Executor._plans``), operation ``q`` needing ``saved_rows[q]``."""
+        keys: list = []
+        first: list = []
+        of_leaves = {}
+        for q in sorted(plans):
+            seen: dict = {}
+            of_leaves[q] = []
+            for _, shape, dtype in plans[q]:
+                sig = (tuple(shape), np.dtype(dtype))
+                seen[sig] = seen.get(sig, -1) + 1
+                if (*sig, seen[sig]) not in keys:
+                    keys.append((*sig, seen[sig]))
+                    first.append(np.full(len(saved_rows), -1, np.int32))
+                b = keys.index((*sig, seen[sig]))
+                first[b][q] = sum(saved_rows[r] for r in np.flatnonzero(first[b] >= 0))
+                of_leaves[q].append(b)
+        rows = tuple(sum(saved_rows[r] for r in np.flatnonzero(f >= 0)) for f in first)
+        return cls(tuple((shape, dtype) for shape, dtype, _ in keys), rows, tuple(first), of_leaves)
 
 
 def _piece_rows(size: int, chunk: int) -> int:

@@ -103,7 +103,9 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int)
 
 def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chunk: int) -> int:
     """Bytes of a batch's saved buffers: per loop operation, its saved rows plus ``chunk`` dump rows
-    times the bytes it saves per row (``Compiler.saved_row_bytes``)."""
+    times the bytes it saves per row (``Compiler.saved_row_bytes``). Operations that share a buffer
+    (the executor's ``_SavedBuffers``) share its dump rows too, so the buffers may take up to
+    ``chunk`` rows less per sharing operation: this is the bound ``backward="auto"`` compares."""
     return sum((rows + chunk) * b for rows, b in zip(saved_rows, row_bytes))
 
 
@@ -353,8 +355,8 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
     sizes = item_sizes(chunk)
     size_pos = {s: i for i, s in enumerate(sizes)}
-    # With backward="save", each loop operation's items keep what they save in buffers of its own,
-    # one item after another in loop order (see ``Executor._saved_start``).
+    # With backward="save", each loop operation's items keep what they save in rows of its own,
+    # one item after another in loop order (see ``Executor._saved_starts``).
     it_branch, it_node, it_count, it_out, it_saved = [], [], [], [], []
     saved_cursor = [0] * len(loop_ops)
     for c in items:

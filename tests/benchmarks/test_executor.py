@@ -35,17 +35,22 @@ ENTRY %main (a: f32[264,150]) -> f32[264,150] {
 
 
 def test_arena_copies_counts_whole_arena_copies_inside_loops_only():
-    # copy.1 (in a branch the loop body calls) and copy.3; copy.4 runs once, before the loop.
-    assert executor.arena_copies(HLO, 264) == 2
-    assert executor.arena_copies(HLO, 8) == 1
-    assert executor.arena_copies(HLO, {264, 8}) == 3
+    # copy.1 (in a branch the loop body calls); copy.4 runs once, before the loop.
+    assert executor.arena_copies(HLO, {(264, 150)}) == 1
+    assert executor.arena_copies(HLO, {(8, 150)}) == 1
+    assert executor.arena_copies(HLO, {(264, 150), (8, 150), (264,)}) == 3
+    # Shapes match whole: an s32[264] buffer is not a [264, 150] arena, nor is f32[264, 150] a
+    # scalar arena of 264 rows (counting leading rows alone took per-item buffers for arenas).
+    assert executor.arena_copies(HLO, {(264,)}) == 1
+    assert executor.arena_copies(HLO, {(264, 15)}) == 0
+    assert executor.arena_copies(HLO, {(26, 150), (64, 150)}) == 0
     assert set(executor.loop_computations(HLO)) == {"body", "branch_0"}
 
 
 def test_quick_run(tmp_path):
     out = tmp_path / "executor.json"
     r = executor.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])
-    for name in ("sst", "table1"):
+    for name in ("sst", "table1", "weave"):
         rows = r["workloads"][name]["rows"]
         assert [row["chunk"] for row in rows] == [8, 64]
         # A larger C cuts the same groups into fewer (or as many) work items.
