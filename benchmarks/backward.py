@@ -6,8 +6,11 @@ and timed in turns (median of ``--repeats`` rounds, device only: batches
 are built and put on the device first), next to XLA's buffer assignment for
 the step (``temporaries``: what it allocates besides arguments and
 outputs). Workloads: the SST Tree-LSTM (H = ``--hidden``, SGD on the
-per-node loss) on real SST trees, and the Table 1 model (H = 256, SGD on
-``0.5 * sum(root ** 2)``) on random 128-leaf trees.
+per-node loss) on real SST trees, the Table 1 model (H = 256, SGD on
+``0.5 * sum(root ** 2)``) on random 128-leaf trees, and two stacked weave
+modules (``examples.weave``, width ``--weave-hidden``, SGD on the squared
+error) on random molecules of 4-10 atoms: narrow matmuls, which
+``backward="auto"`` does not save (``SAVE_INTENSITY``).
 
 Run: ``python -m benchmarks.backward`` (``--quick`` for a seconds-long run).
 """
@@ -25,7 +28,7 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
 from benchmarks.executor import training_step
-from examples import sst
+from examples import sst, weave
 from examples.common import print_table
 from fold.compiler.compiler import BACKWARDS
 from fold.scheduler.schedule import saved_buffer_bytes
@@ -38,13 +41,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-batches", type=int, nargs="*", default=[1, 32, 64, 256],
                    help="batches of random trees (Table 1 model)")
     p.add_argument("--hidden", type=int, default=150, help="SST state size (the Table 1 model uses 256)")
+    p.add_argument("--weave-batches", type=int, nargs="*", default=[32, 128], help="molecules per weave batch")
+    p.add_argument("--weave-hidden", type=int, default=32, help="weave layer width")
     p.add_argument("--repeats", type=int, default=7)
     add_run_flags(p, "backward", "tiny batches and models")
     args = p.parse_args(argv)
     if args.quick:
         args.sst_batches, args.tree_batches, args.hidden, args.repeats = [4], [2], 8, 1
-    if min(args.sst_batches + args.tree_batches + [args.hidden, args.repeats]) <= 0:
-        p.error("batch sizes, --hidden and --repeats must be positive")
+        args.weave_batches, args.weave_hidden = [3], 8
+    if min(args.sst_batches + args.tree_batches + args.weave_batches
+           + [args.hidden, args.weave_hidden, args.repeats]) <= 0:
+        p.error("batch sizes, widths and --repeats must be positive")
     return args
 
 
@@ -75,13 +82,15 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     trees = sst.load("train", args.data_dir)
     vocabulary = sst.vocabulary(trees)
-    rng = random.Random(0)
+    rng, molecule_rng = random.Random(0), np.random.default_rng(0)
     leaves, tree_hidden = (16, 16) if args.quick else (128, 256)
     workloads = {
         "sst": (lambda: models.sst_model(vocabulary, state_size=args.hidden, embed_size=100),
                 [rng.sample(trees, b) for b in args.sst_batches]),
         "table1": (lambda: models.table1_model(tree_hidden, leaves),
                    [[models.random_tree(rng, leaves) for _ in range(b)] for b in args.tree_batches]),
+        "weave": (lambda: weave.build_weave(args.weave_hidden, modules=2),
+                  [[weave.random_molecule(molecule_rng, 4, 10) for _ in range(b)] for b in args.weave_batches]),
     }
     results: dict[str, Any] = {"args": vars(args), "workloads": {}}
     for name, (make_block, batches) in workloads.items():

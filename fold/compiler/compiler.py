@@ -50,6 +50,12 @@ __all__ = ["Compiler"]
 BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
 # backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
 SAVE_LIMIT = 16 * 2**20
+# ... and only the operations whose forward pass costs at least this many FLOPs per byte they would
+# save: a saved row is written, kept and read back whatever the matmul behind it, while recomputing
+# it costs that matmul. Measured on a 2-core CPU (benchmarks.executor): the SST Tree-LSTM cell
+# (201 FLOPs per saved byte at H = 150) trained 10-13 % faster saving at batch 64, a weave module's
+# FCs (16-33: 32-float rows from 32-64 inputs) 7-22 % slower.
+SAVE_INTENSITY = 64
 # C candidates: 32 for tiny batches (single trees), 128 for most, 512 for large batches of large
 # trees (``pick_chunk`` prices each; docs/performance.md has the measurements).
 CHUNK_SIZES = (32, 128, 512)
@@ -142,11 +148,13 @@ class Compiler:
         ``vjp`` (memory stays at the arenas), ``"save"`` keeps each item's
         matmul outputs from the forward pass, one row per loop row (fewer
         FLOPs, more memory: about twice the temporaries for LSTM cells), and
-        ``"auto"`` decides per batch: it saves when those buffers take at most
-        ``save_limit`` bytes. On the CPUs we measured, saving was faster
-        while the buffers stayed small and slower once they grew large
-        (docs/performance.md); ``batch.layout.saved_rows`` is non-empty when
-        a batch saves.
+        ``"auto"`` saves only for operations whose forward pass costs at
+        least ``SAVE_INTENSITY`` (64) FLOPs per byte saved, and decides per
+        batch: it saves when those buffers take at most ``save_limit``
+        bytes. On the CPUs we measured, saving was faster while the buffers
+        stayed small and slower once they grew large, and slower for narrow
+        matmuls (docs/performance.md); ``batch.layout.saved_rows`` is
+        non-empty when a batch saves.
         """
         return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward,
                            save_limit=save_limit)
@@ -195,6 +203,7 @@ class Compiler:
         self.backward = backward
         self.save_limit = int(save_limit)
         self._saved_bytes: dict[int, tuple[int, ...]] = {}  # C -> per op, saved bytes per loop row
+        self._flops_per_row: dict[int, float | None] = {}  # op -> its forward pass's FLOPs per row
 
         # Arena types: every tensor type that appears anywhere.
         tensor_types: list[TensorType] = []
@@ -296,17 +305,34 @@ class Compiler:
 
     # -------------------------------------------------------------- batches
     def saved_row_bytes(self, chunk: int) -> tuple[int, ...]:
-        """Per operation (in ``ops`` order), the bytes that ``backward="save"`` keeps per loop row
-        with chunk size ``chunk``: 0 where it keeps nothing. Computed from shapes alone
-        (``jax.eval_shape``) on first use."""
+        """Per operation (in ``ops`` order), the bytes this compiler's backward pass keeps per loop
+        row with chunk size ``chunk`` when a batch saves: 0 where it keeps nothing, which under
+        ``backward="auto"`` includes the operations whose forward pass costs fewer than
+        ``SAVE_INTENSITY`` FLOPs per saved byte (cheaper to recompute than to keep). Computed from
+        shapes alone (``jax.eval_shape``, XLA's cost analysis) on first use."""
         if chunk not in self._saved_bytes:
-            try:
-                params = jax.eval_shape(self.init, jax.random.key(0))
-            except jax.errors.JAXTypeError:  # a layer whose init needs concrete values (host randomness)
-                params = self.init(jax.random.key(0))
-            self._saved_bytes[chunk] = tuple(self.executor.saved_row_bytes(o, params, chunk)
-                                             for o in range(len(self.ops)))
+            params = self._abstract_params()
+            saved = [self.executor.saved_row_bytes(o, params, chunk) for o in range(len(self.ops))]
+            if self.backward == "auto":
+                saved = [b if b and self._worth_saving(o, b, params) else 0 for o, b in enumerate(saved)]
+            self._saved_bytes[chunk] = tuple(saved)
         return self._saved_bytes[chunk]
+
+    def _abstract_params(self) -> Any:
+        """The parameters' shapes and dtypes (or the parameters, for a layer whose init needs
+        concrete values)."""
+        try:
+            return jax.eval_shape(self.init, jax.random.key(0))
+        except jax.errors.JAXTypeError:  # host randomness in a layer's init
+            return self.init(jax.random.key(0))
+
+    def _worth_saving(self, o: int, row_bytes: int, params: Any) -> bool:
+        """Whether operation ``o`` costs at least ``SAVE_INTENSITY`` FLOPs per byte it saves (yes
+        when XLA gives no FLOP count)."""
+        if o not in self._flops_per_row:
+            self._flops_per_row[o] = self.executor.flops_per_row(o, params)
+        flops = self._flops_per_row[o]
+        return flops is None or flops >= SAVE_INTENSITY * row_bytes
 
     def _build(self, examples: Sequence[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
         with gc_paused():

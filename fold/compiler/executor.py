@@ -154,6 +154,19 @@ class Executor:
                                    item_sizes(chunk))
         return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for _, shape, dtype in saved)
 
+    def flops_per_row(self, o: int, params: Any, rows: int = 128) -> float | None:
+        """XLA's count of the floating-point operations of one row of operation ``o`` (its forward
+        pass on ``rows`` rows, divided by ``rows``), or None when the backend gives no count.
+        ``params`` may be abstract; nothing is compiled or run."""
+        op = self.ops[o]
+        xs = [jax.ShapeDtypeStruct((rows, *self.types[t].shape), self.types[t].dtype) for t in op.in_tidx]
+        lowered = jax.jit(lambda p, *xs: op.spec.fn(p, None, *xs)).lower(
+            _abstract(self._params_for(op, params)), *xs)
+        cost = lowered.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+        flops = cost.get("flops") if isinstance(cost, dict) else None
+        return None if flops is None else float(flops) / rows
+
     # ------------------------------------------------------------- forward
     def initial_arenas(self, arrays: dict, layout: Any) -> dict:
         """One ``[rows + C, *shape]`` arena per type (``rows = layout.arena_rows[t]``),

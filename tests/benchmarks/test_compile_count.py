@@ -19,6 +19,6 @@ def test_quick_run(tmp_path):
     assert sum(int(v) for v in r["size_classes"].values()) == 5
     assert sum(r["chunks"].values()) == 5 and set(r["chunks"]) <= {"32", "128", "512"}
     assert 0 < r["min_occupancy"] <= r["occupancy"] <= 1
-    assert r["saving"] == 5  # the quick model's saved matmul outputs fit the default save_limit
+    assert r["saving"] == 0  # the quick model's 16-wide matmuls: too few FLOPs per saved byte to save
     assert json.loads(out.read_text())["layouts"] == r["layouts"]
     assert out.with_suffix(".png").stat().st_size > 1000

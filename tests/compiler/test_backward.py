@@ -143,7 +143,7 @@ def _fc_fold(width: int) -> fd.Block:
 
 
 def test_saved_row_bytes_are_the_matmul_outputs():
-    compiler = fd.Compiler.create(_fc_fold(3))
+    compiler = fd.Compiler.create(_fc_fold(3), backward="save")
     (o,) = [i for i, op in enumerate(compiler.ops) if isinstance(op.layer, fd.FC)]
     for chunk in compiler.chunk_sizes:
         row_bytes = compiler.saved_row_bytes(chunk)
@@ -153,16 +153,33 @@ def test_saved_row_bytes_are_the_matmul_outputs():
 
 
 def test_auto_saves_when_the_saved_buffers_fit_the_limit():
-    examples = [[[1.0, 2.0, 3.0]] * n for n in (2, 5, 9)]
-    compiler = fd.Compiler.create(_fc_fold(3), backward="save")
+    # FC(128) on 256 inputs: 2 * 256 FLOPs per saved float, 128 per byte (>= SAVE_INTENSITY).
+    examples = [[[1.0] * 128] * n for n in (2, 5, 9)]
+    compiler = fd.Compiler.create(_fc_fold(128), backward="save")
     saved = compiler.build_batch(examples).layout
     (q,) = [q for q, o in enumerate(saved.loop_ops) if isinstance(compiler.ops[o].layer, fd.FC)]
-    need = (saved.saved_rows[q] + saved.chunk) * 3 * 4  # the FC's buffer: rows + C dump rows, 12 bytes each
+    need = (saved.saved_rows[q] + saved.chunk) * 128 * 4  # the FC's buffer: rows + C dump rows
     for limit, saves in ((need, True), (need - 1, False), (0, False)):
-        layout = fd.Compiler.create(_fc_fold(3), save_limit=limit).build_batch(examples).layout
+        layout = fd.Compiler.create(_fc_fold(128), save_limit=limit).build_batch(examples).layout
         assert layout.saved_rows == (saved.saved_rows if saves else ()), limit
-    assert fd.Compiler.create(_fc_fold(3)).build_batch(examples).layout == saved  # far below 16 MiB
-    assert fd.Compiler.create(_fc_fold(3), backward="recompute").build_batch(examples).layout.saved_rows == ()
+    assert fd.Compiler.create(_fc_fold(128)).build_batch(examples).layout == saved  # far below 16 MiB
+    assert fd.Compiler.create(_fc_fold(128), backward="recompute").build_batch(examples).layout.saved_rows == ()
+
+
+@pytest.mark.parametrize("width, worth", [(3, False), (60, False), (68, True), (128, True)])
+def test_auto_saves_only_operations_worth_saving(width, worth):
+    """FC(width) on 2 * width inputs costs a little over width FLOPs per byte it would save
+    (2 * 2w * w for the matmul, a few per row for bias and activation, against 4w bytes): ``auto``
+    keeps it only from SAVE_INTENSITY = 64 up; ``save`` always keeps it."""
+    examples = [[[1.0] * width] * n for n in (2, 5, 9)]
+    save, auto = (fd.Compiler.create(_fc_fold(width), backward=b) for b in ("save", "auto"))
+    (o,) = [i for i, op in enumerate(auto.ops) if isinstance(op.layer, fd.FC)]
+    flops = auto.executor.flops_per_row(o, auto.init(jax.random.key(0)))
+    assert 4 * width * width <= flops <= 4 * width * width + 4 * width
+    assert save.saved_row_bytes(128)[o] == width * 4
+    assert auto.saved_row_bytes(128)[o] == (width * 4 if worth else 0)
+    assert bool(auto.build_batch(examples).layout.saved_rows) == worth
+    assert save.build_batch(examples).layout.saved_rows
 
 
 @pytest.mark.parametrize("limit", [0, 2**30])
@@ -198,16 +215,19 @@ class _HostSeededFC(fd.Layer):
 
 def test_saved_row_bytes_of_a_layer_whose_init_cannot_be_traced():
     model = fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> _HostSeededFC(), fd.FromTensor(np.zeros(2, np.float32)))
-    compiler = fd.Compiler.create(model)
+    compiler = fd.Compiler.create(model, backward="save")
     (o,) = [i for i, op in enumerate(compiler.ops) if isinstance(op.layer, _HostSeededFC)]
     assert compiler.saved_row_bytes(128)[o] == 2 * 4
     assert compiler.build_batch([[[1.0, 2.0]] * 5]).layout.saved_rows
+    # ``auto`` also counts its FLOPs from concrete parameters: 4 * 2 per row, too few to save.
+    auto = fd.Compiler.create(model)
+    assert auto.saved_row_bytes(128)[o] == 0 and auto._flops_per_row[o] >= 16
 
 
 def test_auto_decides_the_same_in_workers():
     """Workers (forked) see the byte counts the parent computed before forking, and decide alike."""
-    block, _, examples = MODELS["tree_lstm"](n=12)
-    compiler = fd.Compiler.create(block, chunk_size=8)
+    examples = [[[1.0] * 128] * n for n in range(1, 13)]
+    compiler = fd.Compiler.create(_fc_fold(128), chunk_size=8)
     built = list(compiler.batches(examples, 4, num_workers=1))
     assert [b.layout for b in built] == [compiler.build_batch(examples[i:i + 4]).layout for i in (0, 4, 8)]
     assert all(b.layout.saved_rows for b in built)

@@ -35,11 +35,14 @@ def test_batches_are_counted_once_with_or_without_workers(num_workers):
 
 
 def test_counts_batches_that_save_matmul_outputs():
-    compiler = fd.Compiler.create(fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> fd.Function(fd.FC(2)),
-                                                                  fd.FromTensor(jax.numpy.zeros(2))),
-                                  save_limit=2**12)
-    small, big = compiler.build_batch([[[1.0, 2.0]] * 3]), compiler.build_batch([[[1.0, 2.0]] * 300])
-    assert small.layout.saved_rows and not big.layout.saved_rows  # 300 loop rows: over 4 KiB
+    # A 256 -> 128 matmul is worth saving under backward="auto" (512 saved bytes per row).
+    w = 128
+    compiler = fd.Compiler.create(fd.Map(fd.Vector(w)) >> fd.Fold(fd.Concat() >> fd.Function(fd.FC(w)),
+                                                                  fd.FromTensor(jax.numpy.zeros(w))),
+                                  save_limit=2**16)
+    row = [1.0] * w
+    small, big = compiler.build_batch([[row] * 3]), compiler.build_batch([[row] * 300])
+    assert small.layout.saved_rows and not big.layout.saved_rows  # 300 loop rows: over 64 KiB
     assert compiler.stats().saving == 1
 
 
