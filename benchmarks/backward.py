@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     results: dict[str, Any] = {"args": vars(args), "workloads": {}}
     for name, (make_block, batches) in workloads.items():
+        if not batches:  # e.g. --sst-batches with no sizes: skip the workload
+            continue
         rows = []
         for examples in batches:
             print(f"{name}: batch {len(examples)}, compiling {len(args.modes)} steps ...", flush=True)
