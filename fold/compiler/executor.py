@@ -260,8 +260,9 @@ class Executor:
         """Per saved buffer, the row from which item ``i`` writes (and reads back) its ``C`` rows:
         its operation's region of that buffer plus the item's offset in it (the schedule lays each
         operation's items out one after another, each writing ``C`` rows from where the previous
-        one's padded rows end, so a padded tail only ever lands on rows a later item writes), or
-        the ``C`` dump rows past the end when its operation keeps nothing there."""
+        one's padded rows end, so a padded tail lands only on rows a later item of the same
+        operation writes, or on its region's spill rows), or the ``C`` dump rows past the end
+        when its operation keeps nothing there."""
         q = arrays["items_branch"][i] // len(item_sizes(layout.chunk))
         starts = []
         for first, rows in zip(buffers.first_rows, buffers.rows):
@@ -299,7 +300,7 @@ class Executor:
                       plans: dict) -> tuple[dict, dict]:
         """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
-        buffers = _SavedBuffers.of(plans, layout.saved_rows)
+        buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
         branches = self._forward_branches(layout, k_out, plans, buffers, self.float_types)
         slot_index = self.model.slot_index
         saved0 = [jnp.zeros((rows + layout.chunk, *shape), dtype)
@@ -377,7 +378,7 @@ class Executor:
         float_types = sorted(ct)
         k_out = self._slots(layout.loop_ops, "out_slots")
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
-        buffers = _SavedBuffers.of(plans, layout.saved_rows)
+        buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
         branches = self._backward_branches(layout, k_in, float_types, plans, buffers)
         slot_index = self.model.slot_index
         C = layout.chunk
@@ -497,7 +498,13 @@ class _SavedBuffers(NamedTuple):
     operations: the ``n``-th leaf of a given row shape and dtype of every operation goes to the
     buffer of that (shape, dtype, n), in which each operation using it has rows of its own. An
     item writes and reads one ``C``-row chunk per buffer, not one per leaf of every operation (a
-    model with several saving operations would otherwise pay for all of them in every item)."""
+    model with several saving operations would otherwise pay for all of them in every item).
+
+    An item always writes ``C`` rows, so an operation's last item (padded, or ending where its
+    saved rows end) spills up to ``C`` rows past them: each region is its saved rows followed by
+    ``C`` spill rows, or the next operation's earlier items would be overwritten. Nothing reads
+    spill rows, so the last region's are also the buffer's dump rows, where operations without a
+    region write their (zero) chunk."""
 
     rows_of: tuple     # per buffer: (row shape, dtype)
     rows: tuple        # per buffer: rows before its C dump rows
@@ -505,10 +512,12 @@ class _SavedBuffers(NamedTuple):
     of_leaves: dict    # per saving loop operation: the buffer of each of its saved leaves
 
     @classmethod
-    def of(cls, plans: dict, saved_rows: tuple) -> _SavedBuffers:
-        """The buffers for ``plans`` (``Executor._plans``), operation ``q`` needing ``saved_rows[q]``."""
+    def of(cls, plans: dict, saved_rows: tuple, chunk: int) -> _SavedBuffers:
+        """The buffers for ``plans`` (``Executor._plans``), operation ``q`` needing ``saved_rows[q]``
+        rows and items writing ``chunk`` rows each."""
         keys: list = []
         first: list = []
+        ends: list = []  # per buffer: the end of its last region's spill rows
         of_leaves = {}
         for q in sorted(plans):
             seen: dict = {}
@@ -519,10 +528,12 @@ class _SavedBuffers(NamedTuple):
                 if (*sig, seen[sig]) not in keys:
                     keys.append((*sig, seen[sig]))
                     first.append(np.full(len(saved_rows), -1, np.int32))
+                    ends.append(0)
                 b = keys.index((*sig, seen[sig]))
-                first[b][q] = sum(saved_rows[r] for r in np.flatnonzero(first[b] >= 0))
+                first[b][q] = ends[b]
+                ends[b] += saved_rows[q] + chunk
                 of_leaves[q].append(b)
-        rows = tuple(sum(saved_rows[r] for r in np.flatnonzero(f >= 0)) for f in first)
+        rows = tuple(end - chunk for end in ends)
         return cls(tuple((shape, dtype) for shape, dtype, _ in keys), rows, tuple(first), of_leaves)
 
 

@@ -102,10 +102,11 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int)
 
 
 def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chunk: int) -> int:
-    """Bytes of a batch's saved buffers: per loop operation, its saved rows plus ``chunk`` dump rows
-    times the bytes it saves per row (``Compiler.saved_row_bytes``). Operations that share a buffer
-    (the executor's ``_SavedBuffers``) share its dump rows too, so the buffers may take up to
-    ``chunk`` rows less per sharing operation: this is the bound ``backward="auto"`` compares."""
+    """Bytes of a batch's saved buffers: per loop operation, its saved rows plus ``chunk`` spill rows
+    (an item writes ``chunk`` rows, so its operation's last one runs past its saved rows) times
+    the bytes it saves per row (``Compiler.saved_row_bytes``). This is what the executor's
+    ``_SavedBuffers`` allocates, whichever operations share a buffer: the ``backward="auto"``
+    bound compares it with ``save_limit``."""
     return sum((rows + chunk) * b for rows, b in zip(saved_rows, row_bytes))
 
 

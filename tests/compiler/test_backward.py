@@ -15,7 +15,7 @@ import pytest
 import fold as fd
 from examples import weave
 from fold.compiler.executor import _SavedBuffers
-from fold.scheduler.schedule import item_sizes, padded_rows
+from fold.scheduler.schedule import item_sizes, padded_rows, saved_buffer_bytes
 from tests.compiler.test_randomness import _functions
 from tests.models import MODELS, enable_x64
 
@@ -78,13 +78,17 @@ def test_loop_operations_share_saved_buffers():
     compiler = fd.Compiler.create(block, backward="save", chunk_size=8)
     layout = compiler.build_batch(molecules).layout
     plans = compiler.executor._plans(layout, compiler.init(jax.random.key(0)), None, compiler.executor.float_types)
-    buffers = _SavedBuffers.of(plans, layout.saved_rows)
+    buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
     assert len(plans) >= 2 and sum(len(leaves) for leaves in plans.values()) == len(plans)
     assert buffers.rows_of == (((4,), np.dtype("float32")),)
     (first,) = buffers.first_rows
-    regions = sorted((int(first[q]), int(first[q]) + layout.saved_rows[q]) for q in plans)
-    assert regions[0][0] == 0 and regions[-1][1] == buffers.rows[0]
+    # Each region: the operation's saved rows, then C spill rows for its last item's padded
+    # write; the last region's spill rows are the buffer's dump rows.
+    regions = sorted((int(first[q]), int(first[q]) + layout.saved_rows[q] + layout.chunk) for q in plans)
+    assert regions[0][0] == 0 and regions[-1][1] == buffers.rows[0] + layout.chunk
     assert all(end == start for (_, end), (start, _) in zip(regions, regions[1:]))  # back to back
+    assert sum(end - start for start, end in regions) * 4 * 4 == saved_buffer_bytes(
+        layout.saved_rows, [compiler.saved_row_bytes(8)[o] for o in layout.loop_ops], layout.chunk)
     assert all(first[q] == -1 for q in range(len(layout.loop_ops)) if q not in plans)
     grads = {mode: _grads(block, mode, molecules, chunk_size=8) for mode in ("save", "recompute")}
     for a, b in zip(jax.tree_util.tree_leaves(grads["save"]), jax.tree_util.tree_leaves(grads["recompute"])):
