@@ -57,8 +57,8 @@ from fold.blocks.types import (
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats
+from fold.scheduler.batch import Batch, BatchStats
 from fold.scheduler.records import RecordedExamples
-from fold.scheduler.schedule import Batch, BatchStats
 
 __version__ = "0.1.0"
 

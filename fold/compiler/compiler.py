@@ -39,10 +39,11 @@ from fold.compiler.executor import Executor
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import IdlePool, build_ahead
+from fold.scheduler.batch import Batch
 from fold.scheduler.builder import BatchBuilder, gc_paused
 from fold.scheduler.plan import HostPlan, leaf_paths
 from fold.scheduler.records import RecordedExamples, record
-from fold.scheduler.schedule import MIN_ITEM, Batch, InvalidConstant, schedule
+from fold.scheduler.schedule import MIN_ITEM, InvalidConstant, schedule
 from fold.scheduler.walk import walk
 
 __all__ = ["Compiler"]
@@ -483,22 +484,22 @@ class Compiler:
         """
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
-        if isinstance(batch.arrays["n_items"], jax.core.Tracer):
+        if isinstance(batch.arrays.n_items, jax.core.Tracer):
             self._stats.traced()
         if key is not None and not (isinstance(key, jax.Array) and (
                 jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.shape == (2,))):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
         arenas = self.executor.arenas(params, batch, key)
         arrays = batch.arrays
-        leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self._root_leaves, arrays["roots"])]
+        leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self._root_leaves, arrays.roots)]
         outputs = self._nest(self.root.output_type, iter(leaves)) if _root_ok(self.root.output_type) else None
         metrics = {}
         for name, t in self.metric_types.items():
-            m = arrays["metrics"][name]
-            values = arenas[self.type_index[t]][m["rows"]]
-            mask = jnp.asarray(m["mask"]).reshape((-1,) + (1,) * len(t.shape))
+            m = arrays.metrics[name]
+            values = arenas[self.type_index[t]][m.rows]
+            mask = jnp.asarray(m.mask).reshape((-1,) + (1,) * len(t.shape))
             values = jnp.where(mask, values, jnp.zeros((), values.dtype))
-            metrics[name] = MetricValues(values, jnp.asarray(m["mask"]), jnp.asarray(m["example"]))
+            metrics[name] = MetricValues(values, jnp.asarray(m.mask), jnp.asarray(m.example))
         return Result(outputs, metrics)
 
     def _nest(self, t: Type, leaves: Iterator) -> Any:

@@ -39,15 +39,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fold.scheduler.batch import BatchArrays, BatchLayout
 from fold.scheduler.schedule import item_sizes
 
 __all__ = ["Executor"]
 
 # Index literals must match the int32 index arrays, also when x64 is on.
 _I0 = np.int32(0)
-
-_RUN_ARRAYS = ("in_idx", "hoist", "tail", "items_branch", "items_node", "items_count", "items_out", "items_saved",
-               "n_items")
 
 # Streams of per-call keys: loop items, hoisted and tail groups never share a key.
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
@@ -168,37 +166,38 @@ class Executor:
         return None if flops is None else float(flops) / rows
 
     # ------------------------------------------------------------- forward
-    def initial_arenas(self, arrays: dict, layout: Any) -> dict:
+    def initial_arenas(self, arrays: BatchArrays, layout: BatchLayout) -> dict:
         """One ``[rows + C, *shape]`` arena per type (``rows = layout.arena_rows[t]``),
         constants in their rows, zeros elsewhere."""
         C = layout.chunk
         arenas = {}
         for t, tt in enumerate(self.types):
             key = str(t)
-            if key in arrays["consts"]:
+            if key in arrays.consts:
                 pad = jnp.zeros((C, *tt.shape), tt.dtype)
-                arenas[t] = jnp.concatenate([jnp.asarray(arrays["consts"][key]), pad])
+                arenas[t] = jnp.concatenate([jnp.asarray(arrays.consts[key]), pad])
             else:
                 arenas[t] = jnp.zeros((layout.arena_rows[t] + C, *tt.shape), tt.dtype)
         return arenas
 
     # ------------------------------------------------------- whole groups
-    def _groups(self, arrays: dict, which: str, ops: tuple, sizes: tuple, chunk: int, stream: int) -> list:
+    def _groups(self, arrays: BatchArrays, key: Any, which: str, ops: tuple, sizes: tuple, chunk: int,
+                stream: int) -> list:
         """Per hoisted (``which="hoist"``) or tail group, in order: ``(op, piece, aux)``, ``piece``
         its rows per loop iteration and ``aux`` its input rows ``idx``, ``valid`` rows,
         destination rows ``dest`` (one array per output; padded rows get an out-of-bounds row, so
         their writes are dropped) and key ``rng``."""
-        in_idx, groups = arrays["in_idx"], arrays[which]
+        in_idx, groups = arrays.in_idx, getattr(arrays, which)
         S = in_idx.shape[0]
         out = []
         for h, (o, size) in enumerate(zip(ops, sizes)):
             op = self.ops[o]
             rows = jnp.arange(size)
-            valid = rows < groups["count"][h]
-            idx = in_idx[jnp.minimum(groups["node"][h] + rows, S - 1)][:, : len(op.in_tidx)]
+            valid = rows < groups.count[h]
+            idx = in_idx[jnp.minimum(groups.node[h] + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
-            dest = [jnp.where(valid, groups["out"][h, self.model.slot_index[slot]] + rows, S) for slot in op.out_slots]
-            aux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(arrays["key"], stream, h)}
+            dest = [jnp.where(valid, groups.out[h, self.model.slot_index[slot]] + rows, S) for slot in op.out_slots]
+            aux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(key, stream, h)}
             out.append((op, _piece_rows(size, chunk), aux))
         return out
 
@@ -256,18 +255,18 @@ class Executor:
                 plans[q] = saved
         return plans
 
-    def _saved_starts(self, arrays: dict, layout: Any, buffers: _SavedBuffers, i: Any) -> list:
+    def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers, i: Any) -> list:
         """Per saved buffer, the row from which item ``i`` writes (and reads back) its ``C`` rows:
         its operation's region of that buffer plus the item's offset in it (the schedule lays each
         operation's items out one after another, each writing ``C`` rows from where the previous
         one's padded rows end, so a padded tail lands only on rows a later item of the same
         operation writes, or on its region's spill rows), or the ``C`` dump rows past the end
         when its operation keeps nothing there."""
-        q = arrays["items_branch"][i] // len(item_sizes(layout.chunk))
+        q = arrays.items_branch[i] // len(item_sizes(layout.chunk))
         starts = []
         for first, rows in zip(buffers.first_rows, buffers.rows):
             first = jnp.asarray(first)[q]
-            starts.append(jnp.where(first >= 0, first + arrays["items_saved"][i], rows))
+            starts.append(jnp.where(first >= 0, first + arrays.items_saved[i], rows))
         return starts
 
     def _forward_branches(self, layout: Any, k_out: dict, plans: dict, buffers: _SavedBuffers,
@@ -296,7 +295,7 @@ class Executor:
                 branches.append(branch)
         return branches
 
-    def _forward_loop(self, lparams: Any, arenas: dict, arrays: dict, layout: Any, key: Any,
+    def _forward_loop(self, lparams: Any, arenas: dict, arrays: BatchArrays, layout: BatchLayout, key: Any,
                       plans: dict) -> tuple[dict, dict]:
         """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
@@ -308,18 +307,18 @@ class Executor:
 
         def body(state):
             i, arenas, saved = state
-            chunks, saved_chunks = lax.switch(arrays["items_branch"][i], branches, lparams,
-                                              _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
-                                              arrays["items_node"][i], arrays["items_count"][i])
+            chunks, saved_chunks = lax.switch(arrays.items_branch[i], branches, lparams,
+                                              _fold(key, _LOOP_STREAM, i), arenas, arrays.in_idx,
+                                              arrays.items_node[i], arrays.items_count[i])
             arenas = dict(arenas)
             for t, k_max in k_out.items():
                 for k in range(k_max):
-                    arenas[t] = _write_at(arenas[t], chunks[t][k], arrays["items_out"][i, slot_index[(t, k)]])
+                    arenas[t] = _write_at(arenas[t], chunks[t][k], arrays.items_out[i, slot_index[(t, k)]])
             starts = self._saved_starts(arrays, layout, buffers, i)
             saved = [_write_at(b, c, start) for b, c, start in zip(saved, saved_chunks, starts)]
             return i + 1, arenas, saved
 
-        _, arenas, saved = lax.while_loop(lambda s: s[0] < arrays["n_items"], body,
+        _, arenas, saved = lax.while_loop(lambda s: s[0] < arrays.n_items, body,
                                           (jnp.int32(0), arenas, saved0))
         return arenas, saved
 
@@ -373,7 +372,7 @@ class Executor:
                 branches.append(branch)
         return branches
 
-    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: dict, layout: Any, key: Any,
+    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: BatchArrays, layout: BatchLayout, key: Any,
                        plans: dict, saved: list) -> tuple:
         float_types = sorted(ct)
         k_out = self._slots(layout.loop_ops, "out_slots")
@@ -391,14 +390,14 @@ class Executor:
                     continue
                 shape = self.types[t].shape
                 ct_chunks[t] = jnp.stack([
-                    lax.dynamic_slice(ct[t], (arrays["items_out"][i, slot_index[(t, k)]], *(_I0,) * len(shape)),
+                    lax.dynamic_slice(ct[t], (arrays.items_out[i, slot_index[(t, k)]], *(_I0,) * len(shape)),
                                       (C, *shape))
                     for k in range(k_max)])
             saved_chunks = [lax.dynamic_slice_in_dim(b, start, C)
                             for b, start in zip(saved, self._saved_starts(arrays, layout, buffers, i))]
             in_cts, in_rows, p_ct = lax.switch(
-                arrays["items_branch"][i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays["in_idx"],
-                arrays["items_node"][i], arrays["items_count"][i], ct_chunks, saved_chunks)
+                arrays.items_branch[i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays.in_idx,
+                arrays.items_node[i], arrays.items_count[i], ct_chunks, saved_chunks)
             ct = dict(ct)
             for t in in_cts:
                 ct[t] = ct[t].at[in_rows[t]].add(in_cts[t])
@@ -406,11 +405,11 @@ class Executor:
             return i - 1, ct, p_acc
 
         p0 = jax.tree_util.tree_map(jnp.zeros_like, lparams)
-        _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (arrays["n_items"] - 1, ct, p0))
+        _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (arrays.n_items - 1, ct, p0))
         return p_acc, ct
 
     def _make_run(self, layout: Any):
-        """``run(params, arenas, arrays) -> arenas``: hoisted groups, the loop and tail groups,
+        """``run(params, arenas, arrays, key) -> arenas``: hoisted groups, the loop and tail groups,
         differentiated as one ``custom_vjp`` whose residual is the final arenas. Rows are written
         once and read only after, so every backward stage reads its inputs there: no stage keeps
         an arena version of its own (a hoisted group writing the loop's type would otherwise
@@ -424,31 +423,31 @@ class Executor:
             return ({t: a for t, a in arenas.items() if t in float_ids},
                     {t: a for t, a in arenas.items() if t not in float_ids})
 
-        def forward(params, arenas, arrays, plans):
-            for op, piece, aux in self._groups(arrays, *hoist):
+        def forward(params, arenas, arrays, key, plans):
+            for op, piece, aux in self._groups(arrays, key, *hoist):
                 arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
             saved = []
             if layout.loop_ops:
                 lparams = {name: params[name] for name in loop_names}
-                arenas, saved = self._forward_loop(lparams, arenas, arrays, layout, arrays["key"], plans)
-            for op, piece, aux in self._groups(arrays, *tail):
+                arenas, saved = self._forward_loop(lparams, arenas, arrays, layout, key, plans)
+            for op, piece, aux in self._groups(arrays, key, *tail):
                 arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
             return split(arenas), saved
 
-        def plans_for(params, arrays):
-            return self._plans(layout, {name: params[name] for name in loop_names}, arrays["key"], float_ids)
+        def plans_for(params, key):
+            return self._plans(layout, {name: params[name] for name in loop_names}, key, float_ids)
 
-        # ``key`` rides in ``arrays`` (non-differentiable); None means deterministic.
+        # ``arrays`` and ``key`` are not differentiated; a None ``key`` means deterministic.
         @jax.custom_vjp
-        def run(params, f_arenas, i_arenas, arrays):
-            return forward(params, {**f_arenas, **i_arenas}, arrays, {})[0]
+        def run(params, f_arenas, i_arenas, arrays, key):
+            return forward(params, {**f_arenas, **i_arenas}, arrays, key, {})[0]
 
-        def run_fwd(params, f_arenas, i_arenas, arrays):
-            out, saved = forward(params, {**f_arenas, **i_arenas}, arrays, plans_for(params, arrays))
-            return out, (params, out, arrays, saved)
+        def run_fwd(params, f_arenas, i_arenas, arrays, key):
+            out, saved = forward(params, {**f_arenas, **i_arenas}, arrays, key, plans_for(params, key))
+            return out, (params, out, arrays, key, saved)
 
         def run_bwd(res, cts):
-            params, (f_out, i_out), arrays, saved = res
+            params, (f_out, i_out), arrays, key, saved = res
             arenas, ct = {**f_out, **i_out}, dict(cts[0])
             p_ct = jax.tree_util.tree_map(jnp.zeros_like, params)
 
@@ -456,7 +455,7 @@ class Executor:
                 p_ct[name] = jax.tree_util.tree_map(jnp.add, p_ct[name], g)
 
             def groups_backward(which, ct):
-                for op, piece, aux in reversed(self._groups(arrays, *which)):
+                for op, piece, aux in reversed(self._groups(arrays, key, *which)):
                     ct, g = self._group_backward(op, piece, self._params_for(op, params), arenas, ct, aux)
                     if op.layer is not None:
                         add(op.layer.name, g)
@@ -465,16 +464,16 @@ class Executor:
             ct = groups_backward(tail, ct)
             if layout.loop_ops:
                 lparams = {name: params[name] for name in loop_names}
-                g_loop, ct = self._backward_loop(lparams, arenas, ct, arrays, layout, arrays["key"],
-                                                 plans_for(params, arrays), saved)
+                g_loop, ct = self._backward_loop(lparams, arenas, ct, arrays, layout, key,
+                                                 plans_for(params, key), saved)
                 for name, g in g_loop.items():
                     add(name, g)
-            return p_ct, groups_backward(hoist, ct), None, None
+            return p_ct, groups_backward(hoist, ct), None, None, None
 
         run.defvjp(run_fwd, run_bwd)
 
-        def call(params, arenas, arrays):
-            f_out, i_out = run(params, *split(arenas), arrays)
+        def call(params, arenas, arrays, key):
+            f_out, i_out = run(params, *split(arenas), arrays, key)
             return {**f_out, **i_out}
 
         return call
@@ -489,8 +488,8 @@ class Executor:
         layout = batch.layout
         params = self.model.prepare_params(params)
         arenas = self.initial_arenas(arrays, layout)
-        run_arrays = {**{k: arrays[k] for k in _RUN_ARRAYS}, "key": key}
-        return self._make_run(layout)(params, arenas, run_arrays)
+        # The loop reads neither constants (now in the arenas), roots nor metrics.
+        return self._make_run(layout)(params, arenas, arrays._replace(consts={}, roots=[], metrics={}), key)
 
 
 class _SavedBuffers(NamedTuple):

@@ -27,14 +27,15 @@ its rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, BatchStats, GroupArrays, HostInfo, MetricArrays
 from fold.scheduler.builder import Recorded
 
-__all__ = ["Batch", "BatchLayout", "BatchStats", "InvalidConstant", "check_constants", "schedule", "next_pow2",
-           "pick_chunk", "item_sizes", "saved_buffer_bytes", "MIN_ITEM"]
+__all__ = ["InvalidConstant", "check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes",
+           "saved_buffer_bytes", "MIN_ITEM"]
 
 MIN_ITEM = 8
 # A loop operation's saved buffers (backward="save", or "auto" when they fit) have at least
@@ -110,68 +111,6 @@ def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chun
     return sum((rows + chunk) * b for rows, b in zip(saved_rows, row_bytes))
 
 
-class BatchLayout(NamedTuple):
-    """The static (hashable) part of a batch: it decides what JAX traces."""
-
-    size_class: int           # A
-    num_examples: int         # B, exact
-    loop_ops: tuple           # operations with work items, sorted
-    hoist_ops: tuple          # operations with depth-1 groups, sorted
-    const_types: tuple        # arena types that have a constant table
-    tail_ops: tuple = ()      # operations of the groups run after the loop, in order
-    tail_sizes: tuple = ()    # their padded row counts (powers of two)
-    hoist_sizes: tuple = ()   # padded row counts of the hoisted groups (powers of two)
-    arena_rows: tuple = ()    # per arena type, rows before its C dump rows (powers of two <= A)
-    chunk: int = 128          # C: the most rows of a work item, and each arena's dump rows
-    saved_rows: tuple = ()    # if the backward saves: per loop operation, rows of its saved buffers before C dump rows
-
-
-class BatchStats(NamedTuple):
-    """What a batch holds, for benchmarks and bucket occupancy (host only)."""
-
-    num_nodes: int            # operation calls
-    num_items: int            # loop work items (iterations of the while_loop)
-    max_depth: int            # deepest node
-    rows: int                 # arena rows used by the fullest type (<= size_class)
-    type_rows: tuple          # arena rows used, per arena type (constants and node outputs)
-
-
-class Batch:
-    """A built batch: NumPy arrays (``arrays``) plus its static ``layout``.
-
-    It is a JAX pytree, so it can be passed to jitted functions; batches
-    with equal layouts share one compilation. ``stats`` (a ``BatchStats``)
-    is host-side only and is None inside traced code.
-    """
-
-    def __init__(self, arrays: dict, layout: BatchLayout, host: Any = None, stats: BatchStats | None = None):
-        self.arrays = arrays
-        self.layout = layout
-        self.host = host  # per-value rows, kept for eval; not part of the pytree
-        self.stats = stats
-
-    def __repr__(self) -> str:
-        nodes = f", nodes={self.stats.num_nodes}" if self.stats is not None else ""
-        return f"Batch(examples={self.layout.num_examples}, size_class={self.layout.size_class}{nodes})"
-
-
-def _flatten_batch(b: Batch):
-    return (b.arrays,), b.layout
-
-
-def _unflatten_batch(layout: BatchLayout, children: tuple) -> Batch:
-    return Batch(children[0], layout)
-
-
-def _register() -> None:
-    import jax
-
-    jax.tree_util.register_pytree_node(Batch, _flatten_batch, _unflatten_batch)
-
-
-_register()
-
-
 class InvalidConstant(Exception):
     """A layer's ``check_constant_inputs`` rejected a constant; ``error`` is what it raised."""
 
@@ -200,13 +139,6 @@ def check_constants(model: Any, rec: Recorded) -> None:
             op.check_inputs(*(rec.consts[t][0][rec.v_pos[ins[:, j]]] for j, t in enumerate(op.in_tidx)))
         except Exception as e:
             raise InvalidConstant(e) from e
-
-
-class HostInfo(NamedTuple):
-    """Where each value id landed: arena type and row (for ``eval``)."""
-
-    v_type: np.ndarray
-    v_row: np.ndarray
 
 
 def _tail(n_op: np.ndarray, producer: np.ndarray, consumer: np.ndarray, n_ops: int) -> np.ndarray:
@@ -341,10 +273,10 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     def whole_groups(chunks: list[int]) -> tuple[tuple, dict[str, np.ndarray]]:
         """Operations and arrays of groups that run in one go (hoisted or tail)."""
         ops = tuple(int(g_op[c_group[c]]) for c in chunks)
-        return ops, {"node": np.asarray([c_start[c] for c in chunks], np.int32),
-                     "count": np.asarray([c_count[c] for c in chunks], np.int32),
-                     "out": np.asarray([out_starts(ops[i], c_base[c]) for i, c in enumerate(chunks)],
-                                       np.int32).reshape(len(chunks), n_slots)}
+        return ops, GroupArrays(np.asarray([c_start[c] for c in chunks], np.int32),
+                                np.asarray([c_count[c] for c in chunks], np.int32),
+                                np.asarray([out_starts(ops[i], c_base[c]) for i, c in enumerate(chunks)],
+                                           np.int32).reshape(len(chunks), n_slots))
 
     # Hoisted (depth-1) chunks, one per operation; tail chunks, one per (depth, operation).
     hoist_ops, hoist = whole_groups([c for c, g in enumerate(c_group) if g_depth[g] == 1])
@@ -411,25 +343,13 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
         mask[:n] = True
         example = np.full(A, -1, np.int32)
         example[:n] = rec.metric_examples[name]
-        metrics[name] = {"rows": rows, "mask": mask, "example": example}
+        metrics[name] = MetricArrays(rows, mask, example)
 
-    arrays = {
-        "consts": consts,
-        "in_idx": in_idx,
-        "hoist": hoist,
-        "tail": tail_arrays,
-        "items_branch": items_branch,
-        "items_node": items_node,
-        "items_count": items_count,
-        "items_out": items_out,
-        "items_saved": items_saved,
-        "n_items": np.asarray(n_items, np.int32),
-        "roots": root_rows,
-        "metrics": metrics,
-    }
+    arrays = BatchArrays(consts, in_idx, hoist, tail_arrays, items_branch, items_node, items_count, items_out,
+                         items_saved, np.asarray(n_items, np.int32), root_rows, metrics)
     layout = BatchLayout(A, num_examples, loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,
-                         tuple(map(padded_rows, tail_arrays["count"].tolist())),
-                         tuple(map(padded_rows, hoist["count"].tolist())), arena_rows, chunk, saved_rows)
+                         tuple(map(padded_rows, tail_arrays.count.tolist())),
+                         tuple(map(padded_rows, hoist.count.tolist())), arena_rows, chunk, saved_rows)
     host = HostInfo(v_type, v_row) if keep_host else None
     stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, int(cursor.max(initial=0)),
                        tuple(cursor.tolist()))

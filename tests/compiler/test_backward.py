@@ -55,12 +55,12 @@ def test_saved_buffers_hold_one_row_per_loop_row():
             assert layout.saved_rows == ()
             continue
         sizes = item_sizes(layout.chunk)
-        n = int(arrays["n_items"])
-        branch = arrays["items_branch"][:n]
+        n = int(arrays.n_items)
+        branch = arrays.items_branch[:n]
         rows = np.array([sizes[b % len(sizes)] for b in branch])
         for q in range(len(layout.loop_ops)):
             mine = branch // len(sizes) == q
-            np.testing.assert_array_equal(arrays["items_saved"][:n][mine], np.cumsum(rows[mine]) - rows[mine])
+            np.testing.assert_array_equal(arrays.items_saved[:n][mine], np.cumsum(rows[mine]) - rows[mine])
             if compiler.saved_row_bytes(8)[layout.loop_ops[q]]:
                 assert layout.saved_rows[q] == padded_rows(int(rows[mine].sum()))
             else:  # nothing to save (no matmul): no buffer

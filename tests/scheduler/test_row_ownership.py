@@ -54,18 +54,18 @@ class _Arenas:
 def _replay(compiler: fd.Compiler, batch: fd.Batch) -> None:
     arrays, layout = batch.arrays, batch.layout
     C, ops, slot = layout.chunk, compiler.ops, compiler.slot_index
-    in_idx = np.asarray(arrays["in_idx"])
+    in_idx = np.asarray(arrays.in_idx)
     arenas = _Arenas([layout.arena_rows[t] + C for t in range(len(compiler.types))])
 
     def run_groups(which: str, group_ops: tuple) -> None:
-        groups = arrays[which]
+        groups = getattr(arrays, which)
         for h, o in enumerate(group_ops):
-            node, count = int(groups["node"][h]), int(groups["count"][h])
+            node, count = int(groups.node[h]), int(groups.count[h])
             nodes = node + np.arange(count)
             for j, t in enumerate(ops[o].in_tidx):
                 arenas.read(t, in_idx[nodes, j])
             for t, k in ops[o].out_slots:
-                arenas.write(t, int(groups["out"][h, slot[(t, k)]]), nodes)
+                arenas.write(t, int(groups.out[h, slot[(t, k)]]), nodes)
 
     run_groups("hoist", layout.hoist_ops)
     sizes = item_sizes(C)
@@ -78,28 +78,28 @@ def _replay(compiler: fd.Compiler, batch: fd.Batch) -> None:
     buffers = _SavedBuffers.of(saving, layout.saved_rows, C) if saving else None
     saved = np.full(buffers.rows[0] + C, INITIAL, np.int64) if buffers else None
     saved_reads = []
-    for i in range(int(arrays["n_items"])):
-        q = int(arrays["items_branch"][i]) // len(sizes)
-        o, first, count = layout.loop_ops[q], int(arrays["items_node"][i]), int(arrays["items_count"][i])
-        size = sizes[int(arrays["items_branch"][i]) % len(sizes)]
+    for i in range(int(arrays.n_items)):
+        q = int(arrays.items_branch[i]) // len(sizes)
+        o, first, count = layout.loop_ops[q], int(arrays.items_node[i]), int(arrays.items_count[i])
+        size = sizes[int(arrays.items_branch[i]) % len(sizes)]
         assert count <= size <= C
         nodes = np.where(np.arange(C) < count, first + np.arange(C), PAD)
         for j, t in enumerate(ops[o].in_tidx):
             arenas.read(t, in_idx[first:first + count, j])
         for t, k in loop_slots:  # the operation's outputs, or padding
-            arenas.write(t, int(arrays["items_out"][i, slot[(t, k)]]), nodes if (t, k) in ops[o].out_slots
+            arenas.write(t, int(arrays.items_out[i, slot[(t, k)]]), nodes if (t, k) in ops[o].out_slots
                          else np.full(C, PAD))
         if buffers and buffers.first_rows[0][q] >= 0:
-            start = int(buffers.first_rows[0][q]) + int(arrays["items_saved"][i])
+            start = int(buffers.first_rows[0][q]) + int(arrays.items_saved[i])
             saved[start:start + C] = nodes
             saved_reads.append((start, nodes[:count]))
         elif buffers:  # an operation that saves nothing writes its zeros to the dump rows
             saved[buffers.rows[0]:] = PAD
     run_groups("tail", layout.tail_ops)
-    for rows, t in zip(arrays["roots"], [compiler.type_index[leaf] for leaf in compiler._root_leaves]):
+    for rows, t in zip(arrays.roots, [compiler.type_index[leaf] for leaf in compiler._root_leaves]):
         arenas.read(t, np.asarray(rows))
-    for name, m in arrays["metrics"].items():
-        arenas.read(compiler.type_index[compiler.metric_types[name]], m["rows"][m["mask"]])
+    for name, m in arrays.metrics.items():
+        arenas.read(compiler.type_index[compiler.metric_types[name]], m.rows[m.mask])
     arenas.check_final()
     for start, nodes in saved_reads:  # the backward pass reads each item's saved rows back
         np.testing.assert_array_equal(saved[start:start + len(nodes)], nodes, "saved rows overwritten")

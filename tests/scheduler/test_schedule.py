@@ -52,14 +52,14 @@ def test_rows_are_unique_and_items_cover_every_loop_node_once():
     pairs = set(zip(host.v_type.tolist(), host.v_row.tolist()))
     assert len(pairs) == len(host.v_type), "two values share an arena row"
     assert int(host.v_row.max()) < A
-    n_items = int(a["n_items"])
-    counts = a["items_count"][:n_items]
-    nodes = a["items_node"][:n_items]
+    n_items = int(a.n_items)
+    counts = a.items_count[:n_items]
+    nodes = a.items_node[:n_items]
     assert np.all((counts >= 1) & (counts <= 8))
     covered = np.concatenate([np.arange(s, s + c) for s, c in zip(nodes, counts)])
     n_loop = sum(1 for d in builder.n_depth if d >= 2)
     assert len(covered) == len(set(covered.tolist())) == n_loop
-    assert a["in_idx"].shape[0] == A + 8 and a["items_out"].shape[0] == A
+    assert a.in_idx.shape[0] == A + 8 and a.items_out.shape[0] == A
     # Items run in (depth, op) order: an item never reads a row written later.
     depth_sorted = sorted(builder.n_depth)
     item_depths = [depth_sorted[s] for s in nodes]
@@ -73,7 +73,7 @@ def test_size_class_is_a_power_of_two_above_the_rows():
         batch = compiler.build_batch([random_tree(rng, n, lambda r: r.random())])
         A = batch.layout.size_class
         assert A & (A - 1) == 0 and A >= 8
-        assert batch.arrays["in_idx"].shape[0] == A + batch.layout.chunk
+        assert batch.arrays.in_idx.shape[0] == A + batch.layout.chunk
         # A is known before the rows are allocated (it bounds which C compete): it matches them.
         assert A == next_pow2(max(batch.stats.rows, batch.stats.num_nodes, 8))
 

@@ -1,0 +1,119 @@
+"""A built batch: its index arrays (``BatchArrays``), its static ``BatchLayout`` and host stats.
+
+Notation (see ``docs/design.md``): ``A`` is the batch's size class (a power of two bounding
+its rows, nodes and metric entries), ``C`` the most rows of a loop work item, ``B`` the number
+of examples. Nodes (operation calls) are numbered in sorted (depth, operation) order; a *group*
+is one operation's nodes at one depth; each arena type's rows hold its constants, then node
+outputs, then ``C`` dump rows for padded writes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["Batch", "BatchArrays", "BatchLayout", "BatchStats", "GroupArrays", "HostInfo", "MetricArrays"]
+
+
+class BatchLayout(NamedTuple):
+    """The static (hashable) part of a batch: it decides what JAX traces."""
+
+    size_class: int           # A
+    num_examples: int         # B, exact
+    loop_ops: tuple           # operations with work items, sorted
+    hoist_ops: tuple          # operations with depth-1 groups, sorted
+    const_types: tuple        # arena types that have a constant table
+    tail_ops: tuple = ()      # operations of the groups run after the loop, in order
+    tail_sizes: tuple = ()    # their padded row counts (powers of two)
+    hoist_sizes: tuple = ()   # padded row counts of the hoisted groups (powers of two)
+    arena_rows: tuple = ()    # per arena type, rows before its C dump rows (powers of two <= A)
+    chunk: int = 128          # C: the most rows of a work item, and each arena's dump rows
+    saved_rows: tuple = ()    # if the backward saves: per loop operation, rows of its saved buffers before C dump rows
+
+
+class GroupArrays(NamedTuple):
+    """The groups run whole, before the loop (hoisted) or after it (tail), ``G`` of them."""
+
+    node: np.ndarray   # [G] int32: the group's first node
+    count: np.ndarray  # [G] int32: its nodes (0 for a group a padded layout adds, which runs nothing)
+    out: np.ndarray    # [G, slots] int32: per output slot, the arena row of the group's first output
+
+
+class MetricArrays(NamedTuple):
+    """One metric's entries, padded to ``A``."""
+
+    rows: np.ndarray     # [A] int32: arena row of each entry's value
+    mask: np.ndarray     # [A] bool: real entries
+    example: np.ndarray  # [A] int32: the example each entry came from (-1: padding)
+
+
+class BatchArrays(NamedTuple):
+    """The device side of a batch (a pytree of NumPy arrays)."""
+
+    consts: dict          # {str(type): [arena_rows[type], *shape]}: constants, for types that have any
+    in_idx: np.ndarray    # [A + C, most inputs] int32: per node, the arena row of each input
+    hoist: GroupArrays    # groups run before the loop, sorted by operation
+    tail: GroupArrays     # groups run after the loop, in order
+    items_branch: np.ndarray  # [A] int32: per work item, its branch: loop_ops position * item sizes + size
+    items_node: np.ndarray    # [A] int32: its first node
+    items_count: np.ndarray   # [A] int32: its real rows
+    items_out: np.ndarray     # [A, slots] int32: per output slot, the arena row it writes its C rows from
+    items_saved: np.ndarray   # [A] int32: its offset in its operation's region of the saved buffers
+    n_items: np.ndarray       # [] int32: the work items (iterations of the loop)
+    roots: list               # per root tensor leaf: [B] int32, each example's arena row
+    metrics: dict             # {metric name: MetricArrays}
+
+
+class BatchStats(NamedTuple):
+    """What a batch holds, for benchmarks and bucket occupancy (host only)."""
+
+    num_nodes: int            # operation calls
+    num_items: int            # loop work items (iterations of the while_loop)
+    max_depth: int            # deepest node
+    rows: int                 # arena rows used by the fullest type (<= size_class)
+    type_rows: tuple          # arena rows used, per arena type (constants and node outputs)
+
+
+class HostInfo(NamedTuple):
+    """Where each value id landed: arena type and row (for ``eval``)."""
+
+    v_type: np.ndarray
+    v_row: np.ndarray
+
+
+class Batch:
+    """A built batch: its index arrays (``arrays``, a ``BatchArrays``) plus its static ``layout``.
+
+    It is a JAX pytree, so it can be passed to jitted functions; batches
+    with equal layouts share one compilation. ``stats`` (a ``BatchStats``)
+    is host-side only and is None inside traced code.
+    """
+
+    def __init__(self, arrays: BatchArrays, layout: BatchLayout, host: HostInfo | None = None,
+                 stats: BatchStats | None = None):
+        self.arrays = arrays
+        self.layout = layout
+        self.host = host  # per-value rows, kept for eval; not part of the pytree
+        self.stats = stats
+
+    def __repr__(self) -> str:
+        nodes = f", nodes={self.stats.num_nodes}" if self.stats is not None else ""
+        return f"Batch(examples={self.layout.num_examples}, size_class={self.layout.size_class}{nodes})"
+
+
+def _flatten_batch(b: Batch) -> tuple[tuple, BatchLayout]:
+    return (b.arrays,), b.layout
+
+
+def _unflatten_batch(layout: BatchLayout, children: tuple) -> Batch:
+    return Batch(children[0], layout)
+
+
+def _register() -> None:
+    import jax  # the one JAX use of the scheduler: a Batch is a pytree
+
+    jax.tree_util.register_pytree_node(Batch, _flatten_batch, _unflatten_batch)
+
+
+_register()
