@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import uuid
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import jax
@@ -41,6 +42,7 @@ from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import BatchBuilder, gc_paused
+from fold.scheduler.layouts import LayoutPolicy
 from fold.scheduler.plan import HostPlan, leaf_paths
 from fold.scheduler.records import RecordedExamples, record
 from fold.scheduler.schedule import MIN_ITEM, InvalidConstant, schedule
@@ -60,6 +62,9 @@ SAVE_INTENSITY = 64
 # C candidates: 32 for tiny batches (single trees), 128 for most, 512 for large batches of large
 # trees (``pick_chunk`` prices each; docs/performance.md has the measurements).
 CHUNK_SIZES = (32, 128, 512)
+# Layouts (compilations of each jitted function taking batches) a compiler hands out before it pads
+# batches into any layout they fit (fold/scheduler/layouts.py).
+MAX_LAYOUTS = 8
 
 
 class CompiledOp:
@@ -134,7 +139,7 @@ class Compiler:
 
     @classmethod
     def create(cls, root_block: Any, chunk_size: int | Sequence[int] = CHUNK_SIZES,
-               backward: str = "auto", save_limit: int = SAVE_LIMIT) -> Compiler:
+               backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS) -> Compiler:
         """Validates and type-checks ``root_block`` and enumerates its operations.
 
         ``chunk_size`` is C, the most rows a loop iteration runs, or several
@@ -156,13 +161,23 @@ class Compiler:
         stayed small and slower once they grew large, and slower for narrow
         matmuls (docs/performance.md); ``batch.layout.saved_rows`` is
         non-empty when a batch saves.
+
+        Every distinct ``batch.layout`` compiles each jitted function that
+        takes batches once. Batches are padded into layouts handed out
+        before where they fit (see ``fold/scheduler/layouts.py``); a batch
+        that fits none gets a new layout, which grows the last one of its
+        kind so that later batches fit. Past ``max_layouts`` layouts, batches
+        are padded into any layout they fit, and only one that fits none
+        (a new number of examples or C) compiles, with a warning (logged
+        once to the ``fold`` logger, which logs every new layout at INFO).
+        ``compiler.stats()`` reports layouts, compile seconds and padding.
         """
         return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward,
-                           save_limit=save_limit)
+                           save_limit=save_limit, max_layouts=max_layouts)
 
     @classmethod
     def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = CHUNK_SIZES,
-                backward: str = "auto", save_limit: int = SAVE_LIMIT) -> Compiler:
+                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS) -> Compiler:
         sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)
         if not sizes or any(not isinstance(c, (int, np.integer)) or c < MIN_ITEM or c & (c - 1) for c in sizes):
             raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM} or a sequence of them, "
@@ -171,6 +186,8 @@ class Compiler:
             raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
         if isinstance(save_limit, bool) or not isinstance(save_limit, (int, np.integer)) or save_limit < 0:
             raise ValueError(f"save_limit must be a number of bytes >= 0, got {save_limit!r}")
+        if isinstance(max_layouts, bool) or not isinstance(max_layouts, (int, np.integer)) or max_layouts < 1:
+            raise ValueError(f"max_layouts must be an int >= 1, got {max_layouts!r}")
         self = cls(_internal=True)
         root = convert_to_block(root_block)
         if root.input_type is None:
@@ -271,12 +288,14 @@ class Compiler:
         self._root_leaves = out.tensor_leaves() if _root_ok(out) else []
         self._plan = HostPlan(self)
         self._stats = StatsRecorder()
+        self._layouts = LayoutPolicy([(t.shape, t.dtype) for t in self.types], int(max_layouts))
         self._token = uuid.uuid4().hex  # marks the examples this compiler records
         # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the compiler.
         self._idle_workers = IdlePool()
         weakref.finalize(self, self._idle_workers.close)
         self.executor = Executor(self)
         self._arenas_jit = jax.jit(self.executor.arenas)
+        self._apply_jit = jax.jit(self._apply)
         return self
 
     # ---------------------------------------------------------- parameters
@@ -378,7 +397,7 @@ class Compiler:
         the example's index, the block path and what was expected. Examples
         recorded with ``record`` skip the walk.
         """
-        batch = self._build_batch(examples)
+        batch = self._layouts.assign(self._build_batch(examples))
         self._stats.built(batch)
         return batch
 
@@ -470,25 +489,38 @@ class Compiler:
             for c in self.chunk_sizes:  # in this process: tracing in a forked child is not safe
                 self.saved_row_bytes(c)
         for batch in build_ahead(self, chunks, num_workers, self._idle_workers):
+            batch = self._layouts.assign(batch)  # here: layouts are handed out in the batches' order
             self._stats.built(batch)  # counted here: workers have their own copy of the counters
             yield batch
 
     # ---------------------------------------------------------------- apply
-    def apply(self, params: Any, batch: Batch, key: jax.Array | None = None) -> Result:
-        """Runs a built batch: pure and jittable; differentiable in ``params``.
+    @functools.cached_property
+    def apply(self) -> Callable[..., Result]:
+        """``apply(params, batch, key=None) -> Result``: runs a built batch; pure and jittable,
+        differentiable in ``params``.
 
         ``key`` (a PRNG key) switches stochastic layers such as ``Dropout``
         on, with draws that depend only on ``key`` and the batch; without it
         they are deterministic (use that for evaluation). Pass a fresh key
         per training step, e.g. ``jax.random.fold_in(key, step)``.
+
+        Called with concrete arrays, it runs a jitted copy of itself kept by
+        the compiler (one compilation per layout). ``compiler.apply`` is the
+        same object every time, so ``jax.jit(compiler.apply)`` written inline
+        in a loop reuses JAX's cache instead of tracing again.
         """
+        return self._apply
+
+    def _apply(self, params: Any, batch: Batch, key: jax.Array | None = None) -> Result:
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
-        if isinstance(batch.arrays.n_items, jax.core.Tracer):
-            self._stats.traced()
         if key is not None and not (isinstance(key, jax.Array) and (
                 jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.shape == (2,))):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
+        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
+            return self._apply_jit(params, batch, key)
+        if isinstance(batch.arrays.n_items, jax.core.Tracer):
+            self._stats.traced()
         arenas = self.executor.arenas(params, batch, key)
         arrays = batch.arrays
         leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self._root_leaves, arrays.roots)]

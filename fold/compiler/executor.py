@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 
 from fold.scheduler.batch import BatchArrays, BatchLayout
-from fold.scheduler.schedule import item_sizes
+from fold.scheduler.schedule import item_sizes, piece_rows
 
 __all__ = ["Executor"]
 
@@ -49,10 +49,6 @@ _I0 = np.int32(0)
 
 # Streams of per-call keys: loop items, hoisted and tail groups never share a key.
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
-
-# A hoisted or tail group runs in at most this many pieces, forward and backward
-# (``Executor._group_forward``): its temporaries shrink to a piece's rows for a few loop iterations.
-_PIECES = 8
 
 # What ``backward="save"`` keeps of a loop item: its matmuls' outputs. The backward pass recomputes
 # the rest (elementwise work, concatenations, the gathered inputs) from them, which costs little next
@@ -198,7 +194,7 @@ class Executor:
             idx = jnp.where(valid[:, None], idx, idx[:1])
             dest = [jnp.where(valid, groups.out[h, self.model.slot_index[slot]] + rows, S) for slot in op.out_slots]
             aux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(key, stream, h)}
-            out.append((op, _piece_rows(size, chunk), aux))
+            out.append((op, piece_rows(size, chunk), aux))
         return out
 
     def _group_forward(self, op: Any, piece: int, p: Any, arenas: dict, aux: dict) -> dict:
@@ -534,12 +530,6 @@ class _SavedBuffers(NamedTuple):
                 of_leaves[q].append(b)
         rows = tuple(end - chunk for end in ends)
         return cls(tuple((shape, dtype) for shape, dtype, _ in keys), rows, tuple(first), of_leaves)
-
-
-def _piece_rows(size: int, chunk: int) -> int:
-    """Rows per loop iteration of a whole group of ``size`` rows: at most ``_PIECES`` pieces, none
-    smaller than ``chunk`` unless the group is."""
-    return size // min(_PIECES, max(1, size // chunk))
 
 
 def _pieces(aux: dict, piece: int) -> jax.Array:

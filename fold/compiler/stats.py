@@ -1,17 +1,25 @@
 """``compiler.stats()``: how many batch shapes (compilations) a stream of batches costs.
 
-Every array size in a batch derives from its size class ``A`` (rows of the
-fullest arena, rounded up to a power of two), so batches share a
-``BatchLayout`` -- and a compilation -- when they fall in the same bucket.
-These counters show how many layouts a stream produced and how full the
-buckets were.
+Batches share a ``BatchLayout`` -- and a compilation -- when the compiler pads
+them into the same one (``fold/scheduler/layouts.py``). These counters show
+how many layouts a stream produced, how long their compilations took, how
+full the buckets were and how much padding cost.
+
+Compile seconds come from ``jax.monitoring``: when ``apply`` is traced, the
+tracing, lowering and XLA compilation that JAX reports next on that thread
+(up to its backend compilation) are counted for the compiler that traced.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from typing import Any, NamedTuple
+
+import jax
+
+from fold.scheduler.layouts import computed_rows
 
 __all__ = ["CompilerStats", "StatsRecorder"]
 
@@ -28,7 +36,12 @@ class CompilerStats(NamedTuple):
     ``min_occupancy`` the lowest -- the share of each bucket that is real
     work, the rest being padding; ``saving``: batches whose backward pass
     keeps their loop items' matmul outputs (``backward="save"``, or
-    ``"auto"`` under its ``save_limit``).
+    ``"auto"`` under its ``save_limit``); ``compile_seconds``: seconds JAX
+    spent tracing, lowering and compiling jitted functions that call
+    ``apply`` (as ``jax.monitoring`` reports them); ``padding``: rows the
+    device computed over rows the batches needed (their nodes), >= 1: work
+    items and hoisted and tail groups run padded row counts, and a batch
+    padded into a larger layout runs larger groups.
     """
 
     batches: int
@@ -39,6 +52,8 @@ class CompilerStats(NamedTuple):
     occupancy: float
     min_occupancy: float
     saving: int
+    compile_seconds: float = 0.0
+    padding: float = 1.0
 
 
 class StatsRecorder:
@@ -52,17 +67,28 @@ class StatsRecorder:
         self._layouts: collections.Counter = collections.Counter()
         self._traces = 0
         self._nodes = 0
+        self._computed = 0
+        self._compile_seconds = 0.0
         self._occupancy: list[float] = []
 
     def built(self, batch: Any) -> None:
+        computed = computed_rows(batch)
         with self._lock:
             self._layouts[batch.layout] += 1
             self._nodes += batch.stats.num_nodes
+            self._computed += computed
             self._occupancy.append(batch.stats.rows / batch.layout.size_class)
 
     def traced(self) -> None:
+        """``apply`` is being traced: count it, and the compile seconds JAX reports next."""
         with self._lock:
             self._traces += 1
+        _listen()
+        _pending.recorder = weakref.ref(self)
+
+    def compiled(self, seconds: float) -> None:
+        with self._lock:
+            self._compile_seconds += seconds
 
     def snapshot(self, reset: bool) -> CompilerStats:
         with self._lock:
@@ -73,7 +99,35 @@ class StatsRecorder:
             out = CompilerStats(sum(self._layouts.values()), len(self._layouts), dict(sorted(sizes.items())),
                                 self._traces, self._nodes, sum(occ) / len(occ) if occ else 0.0,
                                 min(occ) if occ else 0.0,
-                                sum(n for layout, n in self._layouts.items() if layout.saved_rows))
+                                sum(n for layout, n in self._layouts.items() if layout.saved_rows),
+                                self._compile_seconds, self._computed / self._nodes if self._nodes else 1.0)
             if reset:
                 self._reset()
             return out
+
+
+# The recorder whose ``apply`` this thread traced last, until JAX reports its backend compilation.
+_pending = threading.local()
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_listening: list[bool] = []
+_listening_lock = threading.Lock()
+
+
+def _on_duration(event: str, seconds: float, **_: Any) -> None:
+    ref = getattr(_pending, "recorder", None)
+    recorder = ref() if ref is not None else None
+    if recorder is None or event not in _COMPILE_EVENTS:
+        return
+    recorder.compiled(seconds)
+    if event == _COMPILE_EVENTS[-1]:
+        _pending.recorder = None
+
+
+def _listen() -> None:
+    """Registers ``_on_duration`` with ``jax.monitoring`` once per process (JAX keeps listeners
+    for the process's life; this one only reads ``_pending``)."""
+    with _listening_lock:
+        if not _listening:
+            _listening.append(True)
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)

@@ -35,7 +35,7 @@ from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, BatchStats, Gr
 from fold.scheduler.builder import Recorded
 
 __all__ = ["InvalidConstant", "check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes",
-           "saved_buffer_bytes", "MIN_ITEM"]
+           "saved_buffer_bytes", "piece_rows", "MIN_ITEM", "PIECES"]
 
 MIN_ITEM = 8
 # A loop operation's saved buffers (backward="save", or "auto" when they fit) have at least
@@ -59,6 +59,9 @@ ITEM_OVERHEAD = 192
 SMALL_CHUNK = 128
 TINY_SIZE_CLASS = 1024
 
+# A hoisted or tail group runs in at most this many pieces, forward and backward (``piece_rows``).
+PIECES = 8
+
 # How far (in operation calls) from a result an operation's calls may be for
 # it to run after the loop; 2 covers a readout, an activation and a loss.
 TAIL_DEPTH = 2
@@ -71,6 +74,13 @@ def next_pow2(n: int) -> int:
 def padded_rows(n: int) -> int:
     """Rows a count of ``n`` is padded to: the next power of two, at least ``MIN_ITEM``."""
     return max(MIN_ITEM, next_pow2(n))
+
+
+def piece_rows(size: int, chunk: int) -> int:
+    """Rows per loop iteration of a hoisted or tail group of ``size`` rows (padded): the executor
+    runs it in at most ``PIECES`` pieces, none smaller than ``chunk`` unless the group is, so its
+    temporaries shrink to a piece's rows for a few loop iterations."""
+    return size // min(PIECES, max(1, size // chunk))
 
 
 def item_sizes(chunk: int) -> tuple[int, ...]:

@@ -54,5 +54,18 @@ def test_traces_count_compilations_of_a_jitted_step():
         step(params, compiler.build_batch(data))
     s = compiler.stats()
     assert s.layouts == 2 and s.traces == 2  # one trace per layout, none for repeats
-    compiler.apply(params, compiler.build_batch([[1.0]]))  # eager: not a trace
-    assert compiler.stats().traces == 2
+    assert s.compile_seconds > 0
+    for _ in range(3):  # eager: the compiler's own jitted apply, traced once per layout
+        compiler.apply(params, compiler.build_batch([[1.0]]))
+    assert compiler.stats().traces == 3
+
+
+def test_inline_jit_of_apply_reuses_the_cache():
+    """``jax.jit(compiler.apply)`` written in a loop traces once per layout: ``compiler.apply`` is
+    one object, not a new bound method per access."""
+    compiler = _compiler()
+    params = compiler.init(jax.random.key(0))
+    batch = compiler.build_batch([[1.0, 2.0]])
+    assert compiler.apply is compiler.apply
+    outs = [float(jax.jit(compiler.apply)(params, batch).outputs.sum()) for _ in range(3)]
+    assert compiler.stats().traces == 1 and outs == [outs[0]] * 3

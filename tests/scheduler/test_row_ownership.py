@@ -34,7 +34,7 @@ class _Arenas:
 
     def write(self, t: int, start: int, nodes: np.ndarray) -> None:
         rows = start + np.arange(len(nodes))
-        assert rows[-1] < len(self.tags[t]), f"type {t}: write past the arena's end"
+        assert not len(rows) or rows[-1] < len(self.tags[t]), f"type {t}: write past the arena's end"
         real = rows[nodes >= 0].tolist()
         assert not self.written[t].intersection(real), f"type {t}: rows {real} written twice"
         self.written[t].update(real)

@@ -1,0 +1,237 @@
+"""A bounded set of layouts: batches are padded into layouts handed out before.
+
+``schedule`` gives each batch the layout that fits it exactly, and every distinct layout costs
+one compilation of each jitted function that takes batches. A model with many operations
+varies along many dimensions at once (which operations a batch holds and where they run,
+each type's arena rows, each hoisted and tail group's padded rows), so exact layouts rarely
+repeat: a JSON-like classifier with a dozen operations gave 23 distinct layouts in 75 batches.
+
+``LayoutPolicy`` keeps the layouts it has handed out. A batch whose exact layout *fits* one of
+them (the same examples and ``C``, a size class at most ``MAX_GROWTH`` times its own, and every
+other dimension at most as large: ``fits``) is padded into the cheapest such layout
+(``pad_to``): an operation it lacks gets no work items (its branches are compiled but never
+run), a hoisted or tail group it lacks runs no rows, larger arenas and groups hold rows it
+never reads. A batch that fits none gets a new layout: the *join* (``join``, each dimension's
+maximum) of its own and the latest of its family (same examples, ``C``, size class and saving),
+every size at least twice what the batch needs (batches vary around the powers of two their
+sizes are rounded to, each in other dimensions), so the layouts of a family only grow and soon
+hold every batch. Past ``max_layouts`` a batch
+is padded into any layout it fits, whatever the size class, and only a batch that fits none
+compiles (with a warning, once).
+
+Padding costs rows computed for nothing: ``computed_rows`` counts what a batch's layout makes
+the device compute, against its ``num_nodes``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, MetricArrays
+from fold.scheduler.schedule import item_sizes, piece_rows
+
+__all__ = ["MAX_GROWTH", "LayoutPolicy", "computed_rows", "fits", "join", "pad_to"]
+
+logger = logging.getLogger("fold")
+
+# A batch is padded into a layout of at most this many times its own size class (before the
+# budget is spent): a larger size class costs larger index arrays and arenas, not more loop work.
+MAX_GROWTH = 2
+
+
+def _embed(ops: tuple, sizes: tuple, into_ops: tuple, into_sizes: tuple) -> list[int] | None:
+    """Positions in ``into_ops`` that hold the groups ``ops`` in order, each with at least the
+    rows ``sizes`` gives it, or None. Greedy earliest matching finds an embedding when one
+    exists."""
+    positions, j = [], 0
+    for o, size in zip(ops, sizes):
+        while j < len(into_ops) and not (into_ops[j] == o and into_sizes[j] >= size):
+            j += 1
+        if j == len(into_ops):
+            return None
+        positions.append(j)
+        j += 1
+    return positions
+
+
+def _saved_of(layout: BatchLayout) -> dict[int, int]:
+    return dict(zip(layout.loop_ops, layout.saved_rows))
+
+
+def fits(need: BatchLayout, have: BatchLayout, max_growth: int | None = MAX_GROWTH) -> bool:
+    """Whether a batch of layout ``need`` can be padded into ``have`` (``pad_to``); ``max_growth``
+    bounds the ratio of their size classes (None: no bound)."""
+    if (need.num_examples, need.chunk, bool(need.saved_rows)) != (have.num_examples, have.chunk,
+                                                                   bool(have.saved_rows)):
+        return False
+    if have.size_class < need.size_class or (max_growth is not None
+                                             and have.size_class > max_growth * need.size_class):
+        return False
+    if not set(need.loop_ops) <= set(have.loop_ops) or not set(need.const_types) <= set(have.const_types):
+        return False
+    if any(n > h for n, h in zip(need.arena_rows, have.arena_rows)):
+        return False
+    saved = _saved_of(have)
+    if any(rows > saved[o] for o, rows in _saved_of(need).items()):
+        return False
+    return (_embed(need.hoist_ops, need.hoist_sizes, have.hoist_ops, have.hoist_sizes) is not None
+            and _embed(need.tail_ops, need.tail_sizes, have.tail_ops, have.tail_sizes) is not None)
+
+
+def _merge(a_ops: tuple, a_sizes: tuple, b_ops: tuple, b_sizes: tuple,
+           grow: Callable[[int, int], int]) -> tuple[tuple, tuple]:
+    """A shortest sequence of groups that holds both ``a`` and ``b`` in order (their longest
+    common subsequence of operations once); a group in both gets ``grow(a's rows, b's rows)``."""
+    n, m = len(a_ops), len(b_ops)
+    lcs = np.zeros((n + 1, m + 1), np.int64)
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            lcs[i, j] = lcs[i + 1, j + 1] + 1 if a_ops[i] == b_ops[j] else max(lcs[i + 1, j], lcs[i, j + 1])
+    ops, sizes, i, j = [], [], 0, 0
+    while i < n or j < m:
+        if i < n and j < m and a_ops[i] == b_ops[j]:
+            ops.append(a_ops[i])
+            sizes.append(grow(a_sizes[i], b_sizes[j]))
+            i, j = i + 1, j + 1
+        elif j == m or (i < n and lcs[i + 1, j] >= lcs[i, j + 1]):
+            ops.append(a_ops[i])
+            sizes.append(a_sizes[i])
+            i += 1
+        else:
+            ops.append(b_ops[j])
+            sizes.append(b_sizes[j])
+            j += 1
+    return tuple(ops), tuple(sizes)
+
+
+def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
+    """The smallest layout both ``a`` and ``b`` fit (same examples, ``C`` and saving). With
+    ``headroom``, every size is at least twice what ``b`` needs (up to the size class): the next
+    batches, which straddle the same powers of two in other dimensions, then fit too."""
+    if (a.num_examples, a.chunk, bool(a.saved_rows)) != (b.num_examples, b.chunk, bool(b.saved_rows)):
+        raise ValueError(f"layouts of different examples, C or saving have no join: {a} and {b}")
+    A = max(a.size_class, b.size_class)
+
+    def grow(have: int, need: int) -> int:
+        return max(have, min(A, 2 * need)) if headroom else max(have, need)
+
+    loop_ops = tuple(sorted(set(a.loop_ops) | set(b.loop_ops)))
+    saved_rows = ()
+    if a.saved_rows:
+        sa, sb = _saved_of(a), _saved_of(b)
+        saved_rows = tuple(grow(sa.get(o, 0), sb.get(o, 0)) for o in loop_ops)
+    hoist_ops, hoist_sizes = _merge(a.hoist_ops, a.hoist_sizes, b.hoist_ops, b.hoist_sizes, grow)
+    tail_ops, tail_sizes = _merge(a.tail_ops, a.tail_sizes, b.tail_ops, b.tail_sizes, grow)
+    return BatchLayout(A, a.num_examples, loop_ops, hoist_ops, tuple(sorted(set(a.const_types) | set(b.const_types))),
+                       tail_ops, tail_sizes, hoist_sizes, tuple(map(grow, a.arena_rows, b.arena_rows)), a.chunk,
+                       saved_rows)
+
+
+def _grow(x: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
+    """``x`` with its leading dimension padded to ``n`` with ``fill``."""
+    out = np.full((n, *x.shape[1:]), fill, x.dtype)
+    out[:len(x)] = x
+    return out
+
+
+def _pad_groups(groups: GroupArrays, positions: list[int], n: int) -> GroupArrays:
+    """``groups`` at ``positions`` among ``n`` groups; the others have no rows."""
+    out = GroupArrays(np.zeros(n, np.int32), np.zeros(n, np.int32),
+                      np.zeros((n, groups.out.shape[1]), np.int32))
+    for field, src in zip(out, groups):
+        field[positions] = src
+    return out
+
+
+def pad_to(batch: Batch, layout: BatchLayout, type_shapes: Sequence[tuple[tuple, Any]]) -> Batch:
+    """``batch`` as a batch of ``layout``, which its own layout must fit (``fits``).
+    ``type_shapes`` gives each arena type's row shape and dtype (for constant tables it lacks)."""
+    need, a = batch.layout, batch.arrays
+    if need == layout:
+        return batch
+    if not fits(need, layout, max_growth=None):
+        raise ValueError(f"a batch of layout {need} does not fit {layout}")
+    A, C = layout.size_class, layout.chunk
+    n_sizes = len(item_sizes(C))
+    position = np.asarray([layout.loop_ops.index(o) for o in need.loop_ops] or [0], np.int32)
+    n = int(a.n_items)
+    branch = a.items_branch.copy()
+    branch[:n] = position[branch[:n] // n_sizes] * n_sizes + branch[:n] % n_sizes
+    consts = {}
+    for t in layout.const_types:
+        table = a.consts.get(str(t))
+        shape, dtype = type_shapes[t]
+        consts[str(t)] = (_grow(table, layout.arena_rows[t]) if table is not None
+                          else np.zeros((layout.arena_rows[t], *shape), dtype))
+    metrics = {name: MetricArrays(_grow(m.rows, A), _grow(m.mask, A, False), _grow(m.example, A, -1))
+               for name, m in a.metrics.items()}
+    arrays = BatchArrays(
+        consts, _grow(a.in_idx, A + C),
+        _pad_groups(a.hoist, _embed(need.hoist_ops, need.hoist_sizes, layout.hoist_ops, layout.hoist_sizes),
+                    len(layout.hoist_ops)),
+        _pad_groups(a.tail, _embed(need.tail_ops, need.tail_sizes, layout.tail_ops, layout.tail_sizes),
+                    len(layout.tail_ops)),
+        _grow(branch, A), _grow(a.items_node, A), _grow(a.items_count, A), _grow(a.items_out, A),
+        _grow(a.items_saved, A), a.n_items, a.roots, metrics)
+    return Batch(arrays, layout, batch.host, batch.stats)
+
+
+def computed_rows(batch: Batch) -> int:
+    """Rows the device computes for ``batch``: each work item's padded size, and each hoisted or
+    tail group's rows rounded up to whole pieces of its layout's size (the executor's
+    ``_group_forward``)."""
+    layout, a = batch.layout, batch.arrays
+    sizes = np.asarray(item_sizes(layout.chunk))
+    n = int(a.n_items)
+    rows = int(sizes[a.items_branch[:n] % len(sizes)].sum())
+    for groups, group_sizes in ((a.hoist, layout.hoist_sizes), (a.tail, layout.tail_sizes)):
+        for count, size in zip(groups.count.tolist(), group_sizes):
+            piece = piece_rows(size, layout.chunk)
+            rows += -(-count // piece) * piece
+    return rows
+
+
+class LayoutPolicy:
+    """Hands out layouts for a stream of batches, at most ``max_layouts`` unless a batch fits none
+    (see the module docstring). Host only; not thread-safe (the compiler calls it from the
+    process that consumes the batches)."""
+
+    def __init__(self, type_shapes: Sequence[tuple[tuple, Any]], max_layouts: int):
+        self.type_shapes = list(type_shapes)
+        self.max_layouts = max_layouts
+        self.layouts: list[BatchLayout] = []
+        self._warned = False
+
+    def assign(self, batch: Batch) -> Batch:
+        """``batch`` padded into a layout handed out before, or into a new one."""
+        need = batch.layout
+        over = len(self.layouts) >= self.max_layouts
+        fitting = [layout for layout in self.layouts if fits(need, layout, None if over else MAX_GROWTH)]
+        if fitting:
+            return pad_to(batch, min(fitting, key=_cost), self.type_shapes)
+        family = [layout for layout in self.layouts if layout.size_class == need.size_class
+                  and (layout.num_examples, layout.chunk, bool(layout.saved_rows))
+                  == (need.num_examples, need.chunk, bool(need.saved_rows))]
+        layout = join(family[-1], need, headroom=True) if family else need
+        reason = (f"joins the batch's own with layout {self.layouts.index(family[-1]) + 1}" if family
+                  else "the batch's own: no layout of its examples, C, size class and saving yet")
+        self.layouts.append(layout)
+        logger.info("fold: layout %d (%s): A=%d, B=%d, C=%d, %d loop operations, %d hoisted and %d tail groups",
+                    len(self.layouts), reason, layout.size_class, layout.num_examples, layout.chunk,
+                    len(layout.loop_ops), len(layout.hoist_ops), len(layout.tail_ops))
+        if over and not self._warned:
+            self._warned = True
+            logger.warning("fold: %d layouts, past max_layouts=%d: a batch of %d examples with C=%d fits none of "
+                           "them, so it compiles a layout of its own (batches of a new example count or C "
+                           "always do)", len(self.layouts), self.max_layouts, need.num_examples, need.chunk)
+        return pad_to(batch, layout, self.type_shapes)
+
+
+def _cost(layout: BatchLayout) -> tuple:
+    """Which of several fitting layouts to pad into: the smallest size class, then the fewest
+    arena and group rows."""
+    return (layout.size_class, sum(layout.arena_rows) + sum(layout.hoist_sizes) + sum(layout.tail_sizes))

@@ -1,0 +1,116 @@
+"""Batches padded into larger layouts: same results, a bounded number of layouts, a budget."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+from fold.scheduler.layouts import MAX_GROWTH, computed_rows, fits, join, pad_to
+from tests.random_models import random_model
+from tests.scheduler.test_row_ownership import _replay
+
+
+def _exact(compiler: fd.Compiler, examples: list) -> fd.Batch:
+    """The batch with its own (exact-fit) layout, bypassing the compiler's layout policy."""
+    return compiler._build_batch(examples)
+
+
+def _shapes(compiler: fd.Compiler) -> list:
+    return [(t.shape, t.dtype) for t in compiler.types]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_padded_batch_computes_what_the_exact_one_does(seed):
+    """Two batches of one random model, each padded into the join of both layouts: every row is
+    still written once and read after (host replay), and outputs and gradients are the exact
+    batch's."""
+    model = random_model(seed, n=12)
+    compiler = fd.Compiler.create(model.block, backward=("save", "recompute")[seed % 2], chunk_size=(8, 16)[seed % 2])
+    first, second = _exact(compiler, model.examples[:6]), _exact(compiler, model.examples[6:])
+    target = join(first.layout, second.layout, headroom=bool(seed % 3))
+    assert fits(first.layout, target, None) and fits(second.layout, target, None)
+    params = compiler.init(jax.random.key(seed))
+
+    def loss_and_grads(batch):
+        out = jax.jit(compiler.apply)(params, batch).outputs
+        grads = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))))(params)
+        return out, grads
+
+    exact = loss_and_grads(second)
+    padded_batch = pad_to(second, target, _shapes(compiler))
+    assert padded_batch.layout == target
+    _replay(compiler, padded_batch)
+    assert computed_rows(padded_batch) >= computed_rows(second) >= second.stats.num_nodes
+    for a, b in zip(jax.tree_util.tree_leaves(loss_and_grads(padded_batch)), jax.tree_util.tree_leaves(exact)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=model.text)
+
+
+def test_join_merges_tail_sequences_in_order_and_grows_with_headroom():
+    model = random_model(3, n=10)
+    compiler = fd.Compiler.create(model.block, chunk_size=8)
+    a, b = _exact(compiler, model.examples[:5]).layout, _exact(compiler, model.examples[5:]).layout
+    both = join(a, b)
+    assert both == join(b, a) or fits(a, join(b, a), None)
+    for layout in (a, b):
+        assert fits(layout, both, None)
+        assert set(layout.loop_ops) <= set(both.loop_ops)
+        assert all(n <= m for n, m in zip(layout.arena_rows, both.arena_rows))
+    roomy = join(a, b, headroom=True)
+    assert all(min(roomy.size_class, 2 * n) <= m for n, m in zip(b.arena_rows, roomy.arena_rows))
+    assert fits(both, roomy, None)
+
+
+def test_fits_needs_the_same_examples_and_bounds_the_growth():
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar()) >> fd.Sum(), chunk_size=8)
+    small = _exact(compiler, [[1.0]]).layout
+    assert not fits(small, _exact(compiler, [[1.0], [2.0]]).layout, None)  # examples differ
+    layouts = {n: _exact(compiler, [[1.0] * n]).layout for n in (1, 100, 200, 300)}
+    big = layouts[300]
+    assert big.size_class > MAX_GROWTH * small.size_class
+    for layout in layouts.values():
+        assert fits(layout, big, None)
+        assert fits(layout, big) == (big.size_class <= MAX_GROWTH * layout.size_class)
+    assert layouts[100].size_class < big.size_class and not fits(big, layouts[100], None)
+    with pytest.raises(ValueError, match="does not fit"):
+        pad_to(_exact(compiler, [[1.0] * 300]), layouts[100], _shapes(compiler))
+
+
+def test_a_stream_of_batches_of_a_many_operation_model_compiles_a_few_layouts():
+    """Exact layouts of a random model's batches are mostly distinct; the compiler pads them into
+    a few, and the results are those of the exact batches."""
+    model = random_model(5, n=640, depth=3)
+    compiler = fd.Compiler.create(model.block)
+    batches = list(compiler.batches(model.examples, 32))
+    exact = [_exact(compiler, model.examples[i:i + 32]) for i in range(0, 640, 32)]
+    assert len({b.layout for b in exact}) >= 6
+    assert len({b.layout for b in batches}) <= 3
+    assert compiler.stats().layouts == len({b.layout for b in batches})
+    params = compiler.init(jax.random.key(0))
+    for padded, own in zip(batches[::7], exact[::7]):
+        np.testing.assert_allclose(compiler.apply(params, padded).outputs, compiler.apply(params, own).outputs,
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_past_the_budget_batches_pad_into_any_layout_they_fit_and_a_misfit_warns_once(caplog):
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar()) >> fd.Sum(), chunk_size=8, max_layouts=1)
+    with caplog.at_level(logging.INFO, logger="fold"):
+        big = compiler.build_batch([[1.0] * 300])
+        small = compiler.build_batch([[1.0]])  # 1/64 of big's size class: fits it past the budget
+        assert small.layout == big.layout
+        assert caplog.text.count("layout 1") == 1
+        for n in (2, 3):  # a new number of examples fits no layout: it compiles, warned once
+            compiler.build_batch([[1.0]] * n)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "max_layouts=1" in warnings[0].getMessage()
+    assert compiler.stats().layouts == 3
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
+def test_max_layouts_is_validated(bad):
+    with pytest.raises(ValueError, match="max_layouts"):
+        fd.Compiler.create(fd.Map(fd.Scalar()) >> fd.Sum(), max_layouts=bad)
