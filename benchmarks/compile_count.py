@@ -1,11 +1,21 @@
-"""Compilations over one SST training epoch: how well batch shapes are bucketed.
+"""Compilations over one training epoch: how well batch shapes are bucketed.
 
-Trains the SST Tree-LSTM (per-node loss) for one epoch at ``--batch-size``
-(shuffled, keeping the last partial batch) and reports, from
+``--workload sst`` trains the SST Tree-LSTM (per-node loss) for one epoch at
+``--batch-size`` (shuffled, keeping the last partial batch) and reports, from
 ``compiler.stats()``: batches, distinct batch layouts, times the training
 step was traced (each is an XLA compilation), batches per size class, and
 bucket occupancy (the share of each bucket that is real rows, not padding).
-Goal: at most 6 compilations per epoch at batch 64.
+Goal: at most 3 compilations per epoch at batch 64.
+
+``--workload random`` does the same for ``--models`` random models
+(``benchmarks/random_models.py``, each with a loss metric) on ``--examples``
+random examples each: one epoch from recorded examples, then one walking
+them (which should compile nothing new). Per model it reports compilations,
+compile seconds, padding (rows computed / rows needed) against exact-fit
+layouts, and the device time of an epoch over the padded batches against
+the same batches in their own exact layouts (each compiled beforehand).
+Goals: at most 4 compilations per model and epoch (median 2), device time
+within 10 % of exact fit.
 
 Run: ``python -m benchmarks.compile_count`` (``--quick`` for a seconds-long run).
 """
@@ -18,16 +28,19 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 import fold as fd
-from benchmarks import models
-from benchmarks.common import add_run_flags, figure, save_results
+from benchmarks import models, random_models
+from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 from fold.compiler.compiler import CHUNK_SIZES
+from fold.scheduler.layouts import computed_rows
 
-GOAL = 6
+GOAL = 3
+RANDOM_GOAL, RANDOM_MEDIAN_GOAL, DEVICE_GOAL = 4, 2, 1.10
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,12 +49,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="processes building batches ahead")
     p.add_argument("--chunk-size", type=int, nargs="+", default=list(CHUNK_SIZES),
                    help="candidates for C (Compiler.create's chunk_size)")
+    p.add_argument("--workload", choices=("sst", "random"), default="sst")
+    p.add_argument("--models", type=int, default=8, help="random models (--workload random)")
+    p.add_argument("--examples", type=int, default=3000, help="examples per random model")
     add_run_flags(p, "compile_count", "a few hundred trees, small model")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    return random_main(args) if args.workload == "random" else sst_main(args)
+
+
+def sst_main(args: argparse.Namespace) -> dict:
     trees = sst.load("train", args.data_dir, 320 if args.quick else None)
     size = 16 if args.quick else 150
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=size, embed_size=size),
@@ -94,6 +114,100 @@ def plot(per_step: list[dict], path: Any) -> None:
         ax.scatter([r["batch"] for r in new], [r["seconds"] for r in new], color="tab:red", zorder=3,
                    label="new layout (compiles)")
         ax.set(yscale="log", xlabel="batch", ylabel="seconds", title="training steps over one SST epoch")
+        ax.legend()
+
+
+def _loss_model(model: random_models.RandomModel) -> fd.Block:
+    """``model`` with a squared linear readout as its ``loss`` metric."""
+    head = fd.FC(1, activation=None)
+    return model.block >> fd.Function(head) >> fd.Function(lambda y: y[:, 0] ** 2) >> fd.Metric("loss")
+
+
+def _epoch_seconds(step: Any, params: Any, opt_state: Any, batches: list) -> float:
+    """Device time of one pass of ``step`` over ``batches`` (every layout compiled before)."""
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        params, opt_state, loss = step(params, opt_state, batch, jax.random.key(i))
+    loss.block_until_ready()
+    return time.perf_counter() - start
+
+
+def random_model_epoch(seed: int, n: int, batch_size: int, chunk_sizes: list[int]) -> dict:
+    """One random model's epoch (see the module docstring)."""
+    model = random_models.random_model(seed, n=n, depth=3)
+    compiler = fd.Compiler.create(_loss_model(model), chunk_size=chunk_sizes)
+    optimizer = optax.adam(1e-3)
+    params = compiler.init(jax.random.key(seed))
+    opt_state = optimizer.init(params)
+    step = make_train_step(compiler, optimizer)
+    recorded = compiler.record(model.examples)
+    start = time.perf_counter()
+    batches = []
+    for i, batch in enumerate(compiler.batches(recorded, batch_size, shuffle=True, seed=seed)):
+        params, opt_state, loss = step(params, opt_state, batch, jax.random.key(i))
+        loss.block_until_ready()
+        batches.append(batch)
+    epoch_seconds = time.perf_counter() - start
+    s = compiler.stats(reset=True)
+    for i, batch in enumerate(compiler.batches(model.examples, batch_size, shuffle=True, seed=seed + 1)):
+        step(params, opt_state, batch, jax.random.key(i))[2].block_until_ready()
+    walking = compiler.stats()
+    # The same batches in their exact layouts, each layout compiled (run once) before timing.
+    exact = [compiler._build_batch(recorded[np.asarray(idx)])
+             for idx in np.array_split(np.random.default_rng(seed).permutation(n), range(batch_size, n, batch_size))]
+    exact_step = make_train_step(compiler, optimizer)
+    seen: set = set()
+    for batch in exact:
+        if batch.layout not in seen:
+            seen.add(batch.layout)
+            exact_step(params, opt_state, batch, jax.random.key(0))[2].block_until_ready()
+    exact_computed = sum(computed_rows(b) for b in exact) / sum(b.stats.num_nodes for b in exact)
+    padded_s, exact_s = interleaved_medians({"padded": lambda: _epoch_seconds(step, params, opt_state, batches),
+                                             "exact": lambda: _epoch_seconds(exact_step, params, opt_state, exact)},
+                                            3).values()
+    return {"seed": seed, "model": model.text, "operations": len(compiler.ops), "batches": s.batches,
+            "compilations": s.traces, "layouts": s.layouts, "exact_layouts": len(seen),
+            "compile_seconds": s.compile_seconds, "epoch_seconds": epoch_seconds,
+            "walking_compilations": walking.traces, "padding": s.padding, "exact_padding": exact_computed,
+            "device_seconds": padded_s, "exact_device_seconds": exact_s, "device_ratio": padded_s / exact_s}
+
+
+def random_main(args: argparse.Namespace) -> dict:
+    models, n = (2, 400) if args.quick else (args.models, args.examples)
+    rows = []
+    for seed in range(models):
+        row = random_model_epoch(seed, n, args.batch_size, args.chunk_size)
+        rows.append(row)
+        print(f"model {seed}: {row['operations']} operations, {row['compilations']} compilations "
+              f"({row['exact_layouts']} exact layouts), {row['compile_seconds']:.1f} s compiling, "
+              f"device {row['device_ratio']:.2f}x exact", flush=True)
+    compilations = [r["compilations"] for r in rows]
+    summary = {"max_compilations": max(compilations), "median_compilations": float(np.median(compilations)),
+               "max_device_ratio": max(r["device_ratio"] for r in rows),
+               "goals": {"max_compilations": RANDOM_GOAL, "median_compilations": RANDOM_MEDIAN_GOAL,
+                         "device_ratio": DEVICE_GOAL}}
+    print_table(f"random models, one epoch of {n} examples at batch {args.batch_size}",
+                ["seed", "ops", "compilations (exact layouts)", "walking epoch", "compile s", "padding (exact)",
+                 "device s (exact)"],
+                [[r["seed"], r["operations"], f"{r['compilations']} ({r['exact_layouts']})", r["walking_compilations"],
+                  f"{r['compile_seconds']:.1f}", f"{r['padding']:.2f} ({r['exact_padding']:.2f})",
+                  f"{r['device_seconds']:.2f} ({r['exact_device_seconds']:.2f})"] for r in rows])
+    print(f"compilations per epoch: max {summary['max_compilations']} (goal <= {RANDOM_GOAL}), median "
+          f"{summary['median_compilations']:.1f} (goal <= {RANDOM_MEDIAN_GOAL}); device time: at most "
+          f"{summary['max_device_ratio']:.2f}x exact fit (goal <= {DEVICE_GOAL})")
+    results = {"args": vars(args), "workload": "random", "models": rows, "summary": summary}
+    save_results("compile_count_random", results, args, lambda png: plot_random(rows, png))
+    return results
+
+
+def plot_random(rows: list[dict], path: Any) -> None:
+    """Compilations per model, padded against exact-fit layouts."""
+    with figure(path, (7, 3.5)) as ax:
+        x = np.arange(len(rows))
+        ax.bar(x - 0.2, [r["exact_layouts"] for r in rows], 0.4, label="exact-fit layouts")
+        ax.bar(x + 0.2, [r["compilations"] for r in rows], 0.4, label="compilations (padded)")
+        ax.axhline(RANDOM_GOAL, color="tab:red", lw=1, ls="--", label="goal")
+        ax.set(xlabel="random model (seed)", ylabel="per epoch", title="compilations over one epoch")
         ax.legend()
 
 

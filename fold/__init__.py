@@ -57,19 +57,17 @@ from fold.blocks.types import (
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats
-from fold.scheduler.batch import Batch, BatchStats
+from fold.scheduler.batch import Batch, BatchLayout, BatchStats
 from fold.scheduler.records import RecordedExamples
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllOf", "Batch", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast", "BroadcastSequenceType", "Compiler",
-    "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC", "Fold", "ForwardDeclaration",
-    "FromTensor", "Function",
-    "GRUCell", "GetItem", "Identity", "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max",
-    "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf",
-    "Optional", "Pipe", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar",
-    "SequenceType",
-    "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros",
-    "Zip", "ZipWith", "convert_to_block", "convert_to_type",
+    "AllOf", "Batch", "BatchLayout", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast",
+    "BroadcastSequenceType", "Compiler", "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC",
+    "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity", "InputTransform",
+    "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot",
+    "OneHotFromList", "OneOf", "Optional", "Pipe", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce",
+    "Result", "Scalar", "SequenceType", "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void",
+    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
 ]

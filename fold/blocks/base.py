@@ -287,8 +287,7 @@ class Block:
         from fold.compiler.compiler import Compiler
 
         if self._eval_compiler is None:
-            # Small chunks: one branch per operation keeps notebook compiles quick.
-            self._eval_compiler = Compiler._create(self, any_root=True, chunk_size=8, backward="recompute")
+            self._eval_compiler = Compiler.for_eval(self)
         return self._eval_compiler
 
 

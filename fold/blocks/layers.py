@@ -102,10 +102,6 @@ class Layer(abc.ABC):
         return Pipe(other, Function(self))
 
 
-def _float_dtype(t: TensorType) -> str:
-    return t.dtype if np.dtype(t.dtype).kind == "f" else "float32"
-
-
 def _vector_size(layer: Layer, t: Type) -> tuple[int, str]:
     """Total size of a vector input, or of a tuple of vectors (concatenated)."""
     items = list(t) if isinstance(t, TupleType) else [t]

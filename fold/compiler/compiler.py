@@ -176,6 +176,13 @@ class Compiler:
                            save_limit=save_limit, max_layouts=max_layouts)
 
     @classmethod
+    def for_eval(cls, block: Any) -> Compiler:
+        """A compiler for ``block.eval`` and ``block.max_depth``: any root type (sequences and
+        Python objects come back as values), small chunks (one branch per operation keeps a
+        notebook's compilations quick) and a recomputing backward pass."""
+        return cls._create(block, any_root=True, chunk_size=8, backward="recompute")
+
+    @classmethod
     def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = CHUNK_SIZES,
                 backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS) -> Compiler:
         sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)

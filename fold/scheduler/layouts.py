@@ -12,10 +12,10 @@ other dimension at most as large: ``fits``) is padded into the cheapest such lay
 (``pad_to``): an operation it lacks gets no work items (its branches are compiled but never
 run), a hoisted or tail group it lacks runs no rows, larger arenas and groups hold rows it
 never reads. A batch that fits none gets a new layout: the *join* (``join``, each dimension's
-maximum) of its own and the latest of its family (same examples, ``C``, size class and saving),
-every size at least twice what the batch needs (batches vary around the powers of two their
-sizes are rounded to, each in other dimensions), so the layouts of a family only grow and soon
-hold every batch. Past ``max_layouts`` a batch
+maximum) of its own and the latest of its family (same examples, ``C`` and saving),
+or its own if it is the family's first, with every size at least twice what the batch needs
+(batches vary around the powers of two their sizes are rounded to, each in other dimensions),
+so the layouts of a family only grow, and most batches fit the first. Past ``max_layouts`` a batch
 is padded into any layout it fits, whatever the size class, and only a batch that fits none
 compiles (with a warning, once).
 
@@ -213,12 +213,11 @@ class LayoutPolicy:
         fitting = [layout for layout in self.layouts if fits(need, layout, None if over else MAX_GROWTH)]
         if fitting:
             return pad_to(batch, min(fitting, key=_cost), self.type_shapes)
-        family = [layout for layout in self.layouts if layout.size_class == need.size_class
-                  and (layout.num_examples, layout.chunk, bool(layout.saved_rows))
+        family = [layout for layout in self.layouts if (layout.num_examples, layout.chunk, bool(layout.saved_rows))
                   == (need.num_examples, need.chunk, bool(need.saved_rows))]
-        layout = join(family[-1], need, headroom=True) if family else need
-        reason = (f"joins the batch's own with layout {self.layouts.index(family[-1]) + 1}" if family
-                  else "the batch's own: no layout of its examples, C, size class and saving yet")
+        layout = join(family[-1] if family else need, need, headroom=True)
+        reason = (f"grows layout {self.layouts.index(family[-1]) + 1} to hold the batch" if family
+                  else "the first of its examples, C and saving")
         self.layouts.append(layout)
         logger.info("fold: layout %d (%s): A=%d, B=%d, C=%d, %d loop operations, %d hoisted and %d tail groups",
                     len(self.layouts), reason, layout.size_class, layout.num_examples, layout.chunk,

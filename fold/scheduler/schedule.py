@@ -27,7 +27,7 @@ its rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -50,14 +50,15 @@ SAVED_SHARE = 4
 # faster with 512, those at 1.95-2.16x 6-7 % slower; an overhead of 159-237 rows puts the
 # crossover between the two, and 192 puts it at 1.82x.
 ITEM_OVERHEAD = 192
-# Chunk sizes below SMALL_CHUNK serve only batches of size class A <= TINY_SIZE_CLASS: single
-# trees (groups of 1-40 rows, 17 items at C = 32 against 16 at 128) ran 8-23 % faster training
-# and 26-36 % faster inference at 32. In larger batches the cost model picked them for some
-# batches of a size class and not others (SST batches of 8-20 trees, within 5 % either way), and
-# each C a size class uses compiles separately: an SST epoch at batch 16 compiled 15 times
-# instead of 7.
+# Chunk sizes below SMALL_CHUNK serve only batches of size class A <= TINY_SIZE_CLASS and at most
+# TINY_BATCH examples: single trees (groups of 1-40 rows, 17 items at C = 32 against 16 at 128)
+# ran 8-23 % faster training and 26-36 % faster inference at 32. In larger batches the cost model
+# picked them for some batches of a size class and not others (SST batches of 8-20 trees, within
+# 5 % either way; batches of 64 small random-model examples at A = 1024 and 2048), and each C a
+# stream uses compiles separately: an SST epoch at batch 16 compiled 15 times instead of 7.
 SMALL_CHUNK = 128
 TINY_SIZE_CLASS = 1024
+TINY_BATCH = 4
 
 # A hoisted or tail group runs in at most this many pieces, forward and backward (``piece_rows``).
 PIECES = 8
@@ -88,16 +89,16 @@ def item_sizes(chunk: int) -> tuple[int, ...]:
     return tuple(1 << k for k in range(MIN_ITEM.bit_length() - 1, chunk.bit_length()))
 
 
-def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int) -> int:
+def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int, num_examples: int = 1) -> int:
     """``C`` for a batch of size class ``size_class`` whose loop groups have ``group_rows`` rows,
     ``chunks`` the candidates in increasing order: the one whose work items cost least, an item
     of ``C`` rows costing ``ITEM_OVERHEAD + C`` (ties go to the smaller ``C``). Every item
     writes, slices and scatters ``C`` rows whatever its count, so a large ``C`` pays off only
     when most of its items are full, and a small one when it adds few items.
 
-    Candidates below ``SMALL_CHUNK`` compete only in size classes up to ``TINY_SIZE_CLASS``
-    (or when no other was given): above it they gain little, and a size class whose batches
-    took different ``C`` would compile once per ``C``.
+    Candidates below ``SMALL_CHUNK`` compete only in size classes up to ``TINY_SIZE_CLASS`` of
+    at most ``TINY_BATCH`` examples (or when no other was given): elsewhere they gain little,
+    and a stream whose batches took different ``C`` would compile once per ``C``.
 
     >>> pick_chunk(np.array([4096, 2048, 1024]), (32, 128, 512), 16384)  # large groups: full items
     512
@@ -106,7 +107,7 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int)
     >>> pick_chunk(np.array([40, 20, 10, 5, 2, 1]), (32, 128, 512), 256)  # one small tree
     32
     """
-    if size_class > TINY_SIZE_CLASS and chunks[-1] >= SMALL_CHUNK:
+    if (size_class > TINY_SIZE_CLASS or num_examples > TINY_BATCH) and chunks[-1] >= SMALL_CHUNK:
         chunks = tuple(c for c in chunks if c >= SMALL_CHUNK)
     costs = [int(np.sum(-(-group_rows // c))) * (ITEM_OVERHEAD + c) for c in chunks]
     return chunks[int(np.argmin(costs))]
@@ -187,31 +188,45 @@ def _size_class(model: Any, rec: Recorded) -> int:
     return next_pow2(max(int(rows.max(initial=0)), len(rec.n_op), n_metric, MIN_ITEM))
 
 
-def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: int, chunk_sizes: tuple[int, ...],
-             keep_host: bool = False, check: bool = True) -> Batch:
-    """Builds the batch arrays from recorded work ``rec`` of ``model``.
+class _Groups(NamedTuple):
+    """Nodes sorted by (depth, operation) and cut into groups and chunks (``_sort``, ``_cut``)."""
 
-    ``roots[l]`` holds, per example, the value id of root leaf ``l``; ``chunk_sizes`` are
-    the candidates for ``C``, smallest first. With ``check``, layers validate their constant
-    inputs first (``check_constants``).
-    """
-    if check:
-        check_constants(model, rec)
-    n_nodes = len(rec.n_op)
-    v_type, v_node, v_pos, n_op, n_depth = rec.v_type, rec.v_node, rec.v_pos, rec.n_op, rec.n_depth
+    order: np.ndarray     # [nodes]: node ids in sorted order
+    rank: np.ndarray      # [nodes]: each node's position in that order
+    g_start: np.ndarray   # [groups]: a group's first position
+    g_count: np.ndarray   # [groups]: its nodes
+    g_op: np.ndarray      # [groups]: its operation
+    g_depth: np.ndarray   # [groups]: its depth
+    loop_depth: int       # the deepest depth the loop runs (tail groups come after it)
 
-    # Tail nodes move past the loop's deepest depth, farthest from a result first.
-    n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[n_op]
-    flat_in = rec.n_inputs
-    consumer = np.repeat(np.arange(n_nodes), n_in)
-    producer = v_node[flat_in]
+
+class _Chunks(NamedTuple):
+    """Groups cut into chunks (one per hoisted or tail group, ``C`` rows per loop item), each with
+    its output rows (``_cut``)."""
+
+    group: list           # per chunk: its group
+    start: list           # its first position in sorted order
+    count: list           # its nodes
+    base: np.ndarray      # [chunks, most outputs]: first arena row of each output
+    type_rows: np.ndarray  # [types]: rows each arena uses (constants and outputs)
+
+
+def _depths(model: Any, rec: Recorded) -> tuple[np.ndarray, int]:
+    """Node depths once tail nodes move past the loop's deepest depth (farthest from a result
+    first), and that deepest loop depth."""
+    n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[rec.n_op]
+    consumer = np.repeat(np.arange(len(rec.n_op)), n_in)
+    producer = rec.v_node[rec.n_inputs]
     computed = producer >= 0
-    dist = _tail(n_op, producer[computed], consumer[computed], len(model.ops))
+    dist = _tail(rec.n_op, producer[computed], consumer[computed], len(model.ops))
     tail = dist >= 0
-    loop_depth = int(n_depth[~tail].max(initial=1))
-    n_depth = np.where(tail, loop_depth + 1 + TAIL_DEPTH - dist, n_depth)
+    loop_depth = int(rec.n_depth[~tail].max(initial=1))
+    return np.where(tail, loop_depth + 1 + TAIL_DEPTH - dist, rec.n_depth), loop_depth
 
-    # Sort nodes by (depth, op); rank[node] is its position in that order.
+
+def _sort(n_op: np.ndarray, n_depth: np.ndarray, loop_depth: int) -> _Groups:
+    """Nodes sorted by (depth, operation); a group is a run of equal (depth, operation)."""
+    n_nodes = len(n_op)
     order = np.lexsort((n_op, n_depth)) if n_nodes else np.zeros(0, np.int64)
     rank = np.empty(n_nodes, np.int64)
     rank[order] = np.arange(n_nodes)
@@ -222,19 +237,22 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     else:
         g_start = np.zeros(0, np.int64)
     g_count = np.diff(np.concatenate([g_start, [n_nodes]]))
-    g_op, g_depth = s_op[g_start], s_depth[g_start]
+    return _Groups(order, rank, g_start, g_count, s_op[g_start], s_depth[g_start], loop_depth)
 
-    in_loop = (g_depth > 1) & (g_depth <= loop_depth)
-    A = _size_class(model, rec)
-    chunk = pick_chunk(g_count[in_loop], chunk_sizes, A)
 
-    # Cut groups into chunks: one per hoisted (depth-1) or tail group, C rows
-    # per loop item otherwise. Rows: constants first, then each chunk's outputs, output
-    # by output. A loop item writes C rows per output, so its padded tail may
-    # only ever land on rows that are written later: allocating per chunk (not
-    # per group) guarantees that even for ops with several outputs.
+def _in_loop(groups: _Groups) -> np.ndarray:
+    """Per group, whether the loop runs it (neither hoisted at depth 1 nor in the tail)."""
+    return (groups.g_depth > 1) & (groups.g_depth <= groups.loop_depth)
+
+
+def _cut(model: Any, rec: Recorded, groups: _Groups, chunk: int) -> _Chunks:
+    """Chunks and their rows: constants first, then each chunk's outputs, output by output. A loop
+    item writes C rows per output, so its padded tail may only ever land on rows that are written
+    later: allocating per chunk (not per group) guarantees that even for ops with several
+    outputs."""
     c_group, c_start, c_count = [], [], []
-    for g, (looped, s0, n) in enumerate(zip(in_loop.tolist(), g_start.tolist(), g_count.tolist())):
+    for g, (looped, s0, n) in enumerate(zip(_in_loop(groups).tolist(), groups.g_start.tolist(),
+                                            groups.g_count.tolist())):
         step = chunk if looped else n
         for off in range(0, n, step):
             c_group.append(g)
@@ -244,106 +262,104 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     max_out = max((len(op.out_tidx) for op in model.ops), default=0)
     c_base = np.zeros((len(c_group), max(max_out, 1)), np.int64)
     for c, (g, n) in enumerate(zip(c_group, c_count)):
-        for j, t in enumerate(model.ops[int(g_op[g])].out_tidx):
+        for j, t in enumerate(model.ops[int(groups.g_op[g])].out_tidx):
             c_base[c, j] = cursor[t]
             cursor[t] += n
-    S = A + chunk
-    # Each arena holds only its own type's rows, rounded up to a power of two:
-    # a model's types fill very different numbers of rows.
-    arena_rows = tuple(min(A, padded_rows(r)) for r in cursor.tolist())
-    dump_row = np.asarray([arena_rows[t] for t, _ in sorted(model.slot_index, key=model.slot_index.get)]
-                          or [A], np.int64)
+    return _Chunks(c_group, c_start, c_count, c_base, cursor)
 
-    # Row of every value id.
+
+def _value_rows(rec: Recorded, groups: _Groups, chunks: _Chunks) -> np.ndarray:
+    """The arena row of every value id: a constant's position, or its node's chunk's row."""
+    v_node, v_pos = rec.v_node, rec.v_pos
     v_row = np.where(v_node < 0, v_pos, 0)
+    n_nodes = len(rec.n_op)
     if n_nodes:
-        chunk_of_sorted = np.repeat(np.arange(len(c_group)), c_count)
         node_chunk = np.empty(n_nodes, np.int64)
-        node_chunk[order] = chunk_of_sorted
-        node_offset = rank - np.asarray(c_start, np.int64)[node_chunk]
+        node_chunk[groups.order] = np.repeat(np.arange(len(chunks.group)), chunks.count)
+        node_offset = groups.rank - np.asarray(chunks.start, np.int64)[node_chunk]
         is_out = v_node >= 0
         out_node = v_node[is_out]
-        v_row[is_out] = c_base[node_chunk[out_node], v_pos[is_out]] + node_offset[out_node]
+        v_row[is_out] = chunks.base[node_chunk[out_node], v_pos[is_out]] + node_offset[out_node]
+    return v_row
 
-    # Input rows per node, in sorted order.
+
+def _input_rows(model: Any, rec: Recorded, groups: _Groups, v_row: np.ndarray, rows: int) -> np.ndarray:
+    """``[rows, most inputs]``: per node in sorted order, the arena row of each input."""
+    n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[rec.n_op]
     max_in = max((len(op.in_tidx) for op in model.ops), default=1) or 1
-    in_idx = np.zeros((S, max_in), np.int32)
-    column = np.arange(len(flat_in)) - np.repeat(np.cumsum(n_in) - n_in, n_in)
-    in_idx[rank[consumer], column] = v_row[flat_in]
+    in_idx = np.zeros((rows, max_in), np.int32)
+    consumer = np.repeat(np.arange(len(rec.n_op)), n_in)
+    column = np.arange(len(rec.n_inputs)) - np.repeat(np.cumsum(n_in) - n_in, n_in)
+    in_idx[groups.rank[consumer], column] = v_row[rec.n_inputs]
+    return in_idx
 
-    slot_of = model.slot_index  # (type, k) -> column of the out-start table
-    n_slots = max(len(slot_of), 1)
 
-    def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
-        row = dump_row.copy()  # slots the op lacks write their (zero) chunk to the dump rows
-        for j, (t, k) in enumerate(model.ops[o].out_slots):
-            row[slot_of[(t, k)]] = base_row[j]
-        return row
+class _Items(NamedTuple):
+    """The loop's work items (``_items``), one per loop chunk, in loop order."""
 
-    def whole_groups(chunks: list[int]) -> tuple[tuple, dict[str, np.ndarray]]:
-        """Operations and arrays of groups that run in one go (hoisted or tail)."""
-        ops = tuple(int(g_op[c_group[c]]) for c in chunks)
-        return ops, GroupArrays(np.asarray([c_start[c] for c in chunks], np.int32),
-                                np.asarray([c_count[c] for c in chunks], np.int32),
-                                np.asarray([out_starts(ops[i], c_base[c]) for i, c in enumerate(chunks)],
-                                           np.int32).reshape(len(chunks), n_slots))
+    loop_ops: tuple      # operations with items, sorted
+    branch: list         # per item: loop_ops position * item sizes + size position
+    node: list           # its first node
+    count: list          # its nodes
+    out: list            # per output slot, the row its C rows go to
+    saved: list          # its offset in its operation's saved rows
+    saved_rows: list     # per loop operation: rows its items' saved chunks take
 
-    # Hoisted (depth-1) chunks, one per operation; tail chunks, one per (depth, operation).
-    hoist_ops, hoist = whole_groups([c for c, g in enumerate(c_group) if g_depth[g] == 1])
-    tail_ops, tail_arrays = whole_groups([c for c, g in enumerate(c_group) if g_depth[g] > loop_depth])
 
-    # Work items: one per loop chunk, size C or the next power of two >= 8.
-    items = [c for c, g in enumerate(c_group) if in_loop[g]]
-    loop_ops = tuple(sorted({int(g_op[c_group[c]]) for c in items}))
+def _items(model: Any, groups: _Groups, chunks: _Chunks, chunk: int, out_starts: Any) -> _Items:
+    """Work items: one per loop chunk, size C or the next power of two >= 8. With saving, each loop
+    operation's items keep what they save in rows of its own, one item after another in loop
+    order (see ``Executor._saved_starts``)."""
+    in_loop = _in_loop(groups)
+    items = [c for c, g in enumerate(chunks.group) if in_loop[g]]
+    loop_ops = tuple(sorted({int(groups.g_op[chunks.group[c]]) for c in items}))
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
     sizes = item_sizes(chunk)
     size_pos = {s: i for i, s in enumerate(sizes)}
-    # With backward="save", each loop operation's items keep what they save in rows of its own,
-    # one item after another in loop order (see ``Executor._saved_starts``).
-    it_branch, it_node, it_count, it_out, it_saved = [], [], [], [], []
-    saved_cursor = [0] * len(loop_ops)
+    out = _Items(loop_ops, [], [], [], [], [], [0] * len(loop_ops))
     for c in items:
-        o, cnt = int(g_op[c_group[c]]), c_count[c]
+        o, cnt = int(groups.g_op[chunks.group[c]]), chunks.count[c]
         size = chunk if cnt == chunk else padded_rows(cnt)
-        it_branch.append(loop_pos[o] * len(sizes) + size_pos[size])
-        it_node.append(c_start[c])
-        it_count.append(cnt)
-        it_out.append(out_starts(o, c_base[c]))
-        it_saved.append(saved_cursor[loop_pos[o]])
-        saved_cursor[loop_pos[o]] += size
-    saved_rows = ()
-    if model.backward != "recompute":
-        # Operations that save nothing get no buffer (and no size in the layout to compile for).
-        op_bytes = model.saved_row_bytes(chunk)
-        row_bytes = [op_bytes[o] for o in loop_ops]
-        saved_rows = tuple(max(padded_rows(r), A // SAVED_SHARE) if b else 0 for r, b in zip(saved_cursor, row_bytes))
-        saved_bytes = saved_buffer_bytes(saved_rows, row_bytes, chunk)
-        if not saved_bytes or (model.backward == "auto" and saved_bytes > model.save_limit):
-            saved_rows = ()
-    n_items = len(it_branch)
-    W = A
-    items_branch = np.zeros(W, np.int32)
-    items_node = np.zeros(W, np.int32)
-    items_count = np.zeros(W, np.int32)
-    items_saved = np.zeros(W, np.int32)
-    items_out = np.tile(dump_row.astype(np.int32), (W, 1))
-    items_branch[:n_items] = it_branch
-    items_node[:n_items] = it_node
-    items_count[:n_items] = it_count
-    items_saved[:n_items] = it_saved
-    if n_items:
-        items_out[:n_items] = np.asarray(it_out, np.int64)
+        out.branch.append(loop_pos[o] * len(sizes) + size_pos[size])
+        out.node.append(chunks.start[c])
+        out.count.append(cnt)
+        out.out.append(out_starts(o, chunks.base[c]))
+        out.saved.append(out.saved_rows[loop_pos[o]])
+        out.saved_rows[loop_pos[o]] += size
+    return out
 
-    # Constant tables (only for types with a non-zero constant).
-    consts = {}
-    for t, (values, filled) in enumerate(rec.consts):
-        if filled.any():
-            arr = np.zeros((arena_rows[t], *values.shape[1:]), values.dtype)
-            arr[:len(values)] = values
-            consts[str(t)] = arr
 
-    # Roots and metrics.
-    root_rows = [v_row[r].astype(np.int32) for r in roots]
+def _saved_rows(model: Any, items: _Items, A: int, chunk: int) -> tuple:
+    """Per loop operation, the rows of its saved buffers, or () when the batch does not save: under
+    ``backward="recompute"``, when nothing is worth saving, or under ``"auto"`` when the buffers
+    would take more than ``save_limit`` bytes. Operations that save nothing get no buffer (and
+    no size in the layout to compile for)."""
+    if model.backward == "recompute":
+        return ()
+    op_bytes = model.saved_row_bytes(chunk)
+    row_bytes = [op_bytes[o] for o in items.loop_ops]
+    saved_rows = tuple(max(padded_rows(r), A // SAVED_SHARE) if b else 0 for r, b in zip(items.saved_rows, row_bytes))
+    saved_bytes = saved_buffer_bytes(saved_rows, row_bytes, chunk)
+    if not saved_bytes or (model.backward == "auto" and saved_bytes > model.save_limit):
+        return ()
+    return saved_rows
+
+
+def _item_arrays(items: _Items, A: int, dump_row: np.ndarray) -> tuple:
+    """``items_branch``, ``items_node``, ``items_count``, ``items_out`` and ``items_saved``, each
+    padded to ``A`` items."""
+    n = len(items.branch)
+    arrays = [np.zeros(A, np.int32) for _ in range(4)]
+    for array, values in zip(arrays, (items.branch, items.node, items.count, items.saved)):
+        array[:n] = values
+    items_out = np.tile(dump_row.astype(np.int32), (A, 1))
+    if n:
+        items_out[:n] = np.asarray(items.out, np.int64)
+    branch, node, count, saved = arrays
+    return branch, node, count, items_out, saved
+
+
+def _metric_arrays(rec: Recorded, v_row: np.ndarray, A: int) -> dict[str, MetricArrays]:
     metrics = {}
     for name, vids in rec.metric_values.items():
         n = len(vids)
@@ -354,13 +370,70 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
         example = np.full(A, -1, np.int32)
         example[:n] = rec.metric_examples[name]
         metrics[name] = MetricArrays(rows, mask, example)
+    return metrics
 
-    arrays = BatchArrays(consts, in_idx, hoist, tail_arrays, items_branch, items_node, items_count, items_out,
-                         items_saved, np.asarray(n_items, np.int32), root_rows, metrics)
-    layout = BatchLayout(A, num_examples, loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,
-                         tuple(map(padded_rows, tail_arrays.count.tolist())),
-                         tuple(map(padded_rows, hoist.count.tolist())), arena_rows, chunk, saved_rows)
-    host = HostInfo(v_type, v_row) if keep_host else None
-    stats = BatchStats(n_nodes, n_items, int(n_depth.max()) if n_nodes else 0, int(cursor.max(initial=0)),
-                       tuple(cursor.tolist()))
+
+def _const_tables(rec: Recorded, arena_rows: tuple) -> dict[str, np.ndarray]:
+    """Constant tables, for types with a non-zero constant, ``arena_rows[t]`` rows each."""
+    consts = {}
+    for t, (values, filled) in enumerate(rec.consts):
+        if filled.any():
+            arr = np.zeros((arena_rows[t], *values.shape[1:]), values.dtype)
+            arr[:len(values)] = values
+            consts[str(t)] = arr
+    return consts
+
+
+def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: int, chunk_sizes: tuple[int, ...],
+             keep_host: bool = False, check: bool = True) -> Batch:
+    """Builds the batch arrays from recorded work ``rec`` of ``model``.
+
+    ``roots[l]`` holds, per example, the value id of root leaf ``l``; ``chunk_sizes`` are
+    the candidates for ``C``, smallest first. With ``check``, layers validate their constant
+    inputs first (``check_constants``).
+    """
+    if check:
+        check_constants(model, rec)
+    n_depth, loop_depth = _depths(model, rec)
+    groups = _sort(rec.n_op, n_depth, loop_depth)
+    A = _size_class(model, rec)
+    chunk = pick_chunk(groups.g_count[_in_loop(groups)], chunk_sizes, A, num_examples)
+    chunks = _cut(model, rec, groups, chunk)
+    # Each arena holds only its own type's rows, rounded up to a power of two:
+    # a model's types fill very different numbers of rows.
+    arena_rows = tuple(min(A, padded_rows(r)) for r in chunks.type_rows.tolist())
+    slot_of = model.slot_index  # (type, k) -> column of the out-start tables
+    dump_row = np.asarray([arena_rows[t] for t, _ in sorted(slot_of, key=slot_of.get)] or [A], np.int64)
+    v_row = _value_rows(rec, groups, chunks)
+
+    def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
+        row = dump_row.copy()  # slots the op lacks write their (zero) chunk to the dump rows
+        for j, slot in enumerate(model.ops[o].out_slots):
+            row[slot_of[slot]] = base_row[j]
+        return row
+
+    def whole_groups(chosen: list[int]) -> tuple[tuple, GroupArrays]:
+        """Operations and arrays of chunks that run whole (hoisted or tail)."""
+        ops = tuple(int(groups.g_op[chunks.group[c]]) for c in chosen)
+        out = np.asarray([out_starts(o, chunks.base[c]) for o, c in zip(ops, chosen)], np.int32)
+        return ops, GroupArrays(np.asarray([chunks.start[c] for c in chosen], np.int32),
+                                np.asarray([chunks.count[c] for c in chosen], np.int32),
+                                out.reshape(len(chosen), max(len(slot_of), 1)))
+
+    # Hoisted (depth-1) chunks, one per operation; tail chunks, one per (depth, operation).
+    hoist_ops, hoist = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] == 1])
+    tail_ops, tail = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] > loop_depth])
+    items = _items(model, groups, chunks, chunk, out_starts)
+    saved_rows = _saved_rows(model, items, A, chunk)
+    branch, node, count, items_out, saved = _item_arrays(items, A, dump_row)
+    consts = _const_tables(rec, arena_rows)
+    arrays = BatchArrays(consts, _input_rows(model, rec, groups, v_row, A + chunk), hoist, tail, branch, node,
+                         count, items_out, saved, np.asarray(len(items.branch), np.int32),
+                         [v_row[r].astype(np.int32) for r in roots], _metric_arrays(rec, v_row, A))
+    layout = BatchLayout(A, num_examples, items.loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,
+                         tuple(map(padded_rows, tail.count.tolist())), tuple(map(padded_rows, hoist.count.tolist())),
+                         arena_rows, chunk, saved_rows)
+    host = HostInfo(rec.v_type, v_row) if keep_host else None
+    stats = BatchStats(len(rec.n_op), len(items.branch), int(n_depth.max()) if len(n_depth) else 0,
+                       int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()))
     return Batch(arrays, layout, host, stats)

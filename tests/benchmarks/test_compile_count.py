@@ -22,3 +22,18 @@ def test_quick_run(tmp_path):
     assert r["saving"] == 0  # the quick model's 16-wide matmuls: too few FLOPs per saved byte to save
     assert json.loads(out.read_text())["layouts"] == r["layouts"]
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_quick_random_run(tmp_path):
+    """Two random models: fewer compilations than exact-fit layouts, walking compiles no more than
+    recording did, padding at least exact fit's, and a device-time ratio for each."""
+    out = tmp_path / "compile_count_random.json"
+    r = compile_count.main(["--workload", "random", "--quick", "--json", str(out)])
+    assert len(r["models"]) == 2
+    for m in r["models"]:
+        assert m["batches"] == 7 and 1 <= m["compilations"] == m["layouts"] <= m["exact_layouts"]
+        assert m["compile_seconds"] > 0 and m["padding"] >= m["exact_padding"] >= 1
+        assert m["device_ratio"] > 0
+    assert r["summary"]["max_compilations"] == max(m["compilations"] for m in r["models"])
+    assert json.loads(out.read_text())["summary"] == r["summary"]
+    assert out.with_suffix(".png").stat().st_size > 1000

@@ -1,7 +1,7 @@
 """Outputs and gradients of every backward mode against an independent per-example reference.
 
 Models whose loop operations share saved buffers (several operations saving rows of one shape,
-interleaved at the same depths), and random models from ``tests.random_models`` with a random
+interleaved at the same depths), and random models from ``benchmarks.random_models`` with a random
 ``C`` and backward mode: a batching bug anywhere in the schedule, the loop or the saved buffers
 shows as a difference from the per-example ``jax.numpy`` reference.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fold as fd
-from tests.random_models import RandomModel, fc_reference, random_model
+from benchmarks.random_models import RandomModel, fc_reference, random_model
 
 MODES = ("save", "auto", "recompute")
 # "auto" saves a loop FC when its input is at least this wide (SAVE_INTENSITY FLOPs per saved byte).

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import fold as fd
+from benchmarks.random_models import random_model
 from fold.scheduler.layouts import MAX_GROWTH, computed_rows, fits, join, pad_to
-from tests.random_models import random_model
-from tests.scheduler.test_row_ownership import _replay
+from tests.scheduler.test_row_ownership import replay_writes
 
 
 def _exact(compiler: fd.Compiler, examples: list) -> fd.Batch:
@@ -44,7 +44,7 @@ def test_a_padded_batch_computes_what_the_exact_one_does(seed):
     exact = loss_and_grads(second)
     padded_batch = pad_to(second, target, _shapes(compiler))
     assert padded_batch.layout == target
-    _replay(compiler, padded_batch)
+    replay_writes(compiler, padded_batch)
     assert computed_rows(padded_batch) >= computed_rows(second) >= second.stats.num_nodes
     for a, b in zip(jax.tree_util.tree_leaves(loss_and_grads(padded_batch)), jax.tree_util.tree_leaves(exact)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=model.text)

@@ -5,7 +5,7 @@ tail groups write their real rows. These tests replay every write a batch's exec
 its order, tagging each row with the node that wrote it (or as padding), and check that every
 row read (by a later node, a root, a metric, or the backward pass from the final arenas and
 saved buffers) holds what its producer wrote. They cover the models the gradient tests use,
-weave, and random models from ``tests.random_models``, in the ``save`` mode with every saving
+weave, and random models from ``benchmarks.random_models``, in the ``save`` mode with every saving
 operation in one shared buffer (the most sharing a batch can have).
 """
 
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import fold as fd
+from benchmarks.random_models import random_model
 from examples import weave
 from fold.compiler.executor import _SavedBuffers
 from fold.scheduler.schedule import item_sizes
 from tests.models import MODELS
-from tests.random_models import random_model
 
 PAD, INITIAL = -1, -2  # tags of rows holding padding, and of rows as initialised (constants, zeros)
 
@@ -51,7 +51,8 @@ class _Arenas:
             assert self.tags[t][row] == tag, f"type {t}: row {row} overwritten after it was read"
 
 
-def _replay(compiler: fd.Compiler, batch: fd.Batch) -> None:
+def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> None:
+    """Replays ``batch``'s writes (see the module docstring); asserts on the first bad one."""
     arrays, layout = batch.arrays, batch.layout
     C, ops, slot = layout.chunk, compiler.ops, compiler.slot_index
     in_idx = np.asarray(arrays.in_idx)
@@ -118,11 +119,11 @@ def test_no_padded_write_lands_on_a_row_that_is_read(name, chunk):
     batch = compiler.build_batch(examples)
     if name in ("rnn", "tree_lstm", "weave"):  # loop matmuls to save
         assert batch.layout.saved_rows
-    _replay(compiler, batch)
+    replay_writes(compiler, batch)
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_no_padded_write_lands_on_a_row_that_is_read_in_random_models(seed):
     model = random_model(seed, n=10)
     compiler = fd.Compiler.create(model.block, backward="save", chunk_size=(8, 16, 32)[seed % 3])
-    _replay(compiler, compiler.build_batch(model.examples))
+    replay_writes(compiler, compiler.build_batch(model.examples))

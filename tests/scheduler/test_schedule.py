@@ -14,6 +14,7 @@ from fold.scheduler.builder import BatchBuilder
 from fold.scheduler.schedule import (
     ITEM_OVERHEAD,
     SMALL_CHUNK,
+    TINY_BATCH,
     TINY_SIZE_CLASS,
     item_sizes,
     next_pow2,
@@ -87,7 +88,7 @@ def test_each_arena_has_its_own_types_rows_rounded_up():
     compiler = fd.Compiler.create(decl(), chunk_size=8)
     rng = random.Random(3)
     examples = [random_tree(rng, 40, lambda r: r.random()) for _ in range(4)]
-    batch = compiler.build_batch(examples)
+    batch = compiler._build_batch(examples)  # its own layout (build_batch pads it, with room to spare)
     scalar, vector = (compiler.type_index[fd.TensorType(s)] for s in ((), (2,)))
     rows = batch.layout.arena_rows
     assert batch.stats.type_rows[scalar] == 4 * 40 + 1 and rows[scalar] == 256
@@ -124,7 +125,7 @@ def _sum_of_doubles():
 def test_operations_near_the_results_run_after_the_loop():
     compiler = fd.Compiler.create(_sum_of_doubles())
     examples = [[1.0, 2.0, 3.0], [4.0], [5.0, 6.0]]
-    batch = compiler.build_batch(examples)
+    batch = compiler._build_batch(examples)  # its own layout: build_batch pads it
     # Every call is within TAIL_DEPTH of a result, so there is no loop. Groups run by decreasing
     # distance: doubles of 2 and 3 (distance 2), doubles of 1 and 5, 6 and add(2, 3) (1), then
     # doubles of 4 and both roots' adds (0).
@@ -177,6 +178,10 @@ def test_pick_chunk_takes_a_small_c_only_in_tiny_batches_where_it_adds_few_items
     # unless the caller gave no other.
     assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, 2 * tiny) == SMALL_CHUNK == 128
     assert pick_chunk(np.array([32] * 50 + [3] * 50), (8, 32), 2 * tiny) == 32
+    # ... and only in batches of at most TINY_BATCH examples: 64 small examples take 128 in every
+    # size class, so their batches do not alternate between two C (two compilations).
+    assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, tiny, TINY_BATCH) == 32
+    assert pick_chunk(np.array([32] * 50 + [3] * 50), chunks, tiny, 64) == 128
     # An item costs ITEM_OVERHEAD + C: a 64-row group is one item at 128 and two at 32.
     pairs = [np.array([64] * n + [16] * m) for n in range(1, 6) for m in range(0, 30, 3)]
     for groups in pairs:
