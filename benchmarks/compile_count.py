@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import time
 from typing import Any
 
@@ -172,12 +173,33 @@ def random_model_epoch(seed: int, n: int, batch_size: int, chunk_sizes: list[int
             "device_seconds": padded_s, "exact_device_seconds": exact_s, "device_ratio": padded_s / exact_s}
 
 
+def compile_seconds_by_chunk(seed: int, n: int, batch_size: int, chunks: tuple = (32, 128, 512)) -> dict:
+    """Seconds to trace and compile random model ``seed``'s training step for one batch, per C: the
+    executor compiles a branch per (loop operation, item size), and C = 2^k has k - 2 sizes."""
+    model = random_models.random_model(seed, n=batch_size, depth=3)
+    out = {}
+    for chunk in chunks:
+        compiler = fd.Compiler.create(_loss_model(model), chunk_size=chunk)
+        optimizer = optax.adam(1e-3)
+        params = compiler.init(jax.random.key(0))
+        batch = compiler.build_batch(model.examples)
+        step = make_train_step(compiler, optimizer)
+        start = time.perf_counter()
+        step.lower(params, optimizer.init(params), batch, jax.random.key(0)).compile()
+        out[str(chunk)] = {"seconds": time.perf_counter() - start, "loop_operations": len(batch.layout.loop_ops)}
+    return out
+
+
 def random_main(args: argparse.Namespace) -> dict:
     models, n = (2, 400) if args.quick else (args.models, args.examples)
     rows = []
     for seed in range(models):
         row = random_model_epoch(seed, n, args.batch_size, args.chunk_size)
         rows.append(row)
+        # Each model leaves dozens of executables (its exact layouts) in JAX's caches; LLVM ran out
+        # of mappable memory after three models without this.
+        gc.collect()
+        jax.clear_caches()
         print(f"model {seed}: {row['operations']} operations, {row['compilations']} compilations "
               f"({row['exact_layouts']} exact layouts), {row['compile_seconds']:.1f} s compiling, "
               f"device {row['device_ratio']:.2f}x exact", flush=True)
@@ -195,7 +217,11 @@ def random_main(args: argparse.Namespace) -> dict:
     print(f"compilations per epoch: max {summary['max_compilations']} (goal <= {RANDOM_GOAL}), median "
           f"{summary['median_compilations']:.1f} (goal <= {RANDOM_MEDIAN_GOAL}); device time: at most "
           f"{summary['max_device_ratio']:.2f}x exact fit (goal <= {DEVICE_GOAL})")
-    results = {"args": vars(args), "workload": "random", "models": rows, "summary": summary}
+    by_chunk = compile_seconds_by_chunk(0, n, args.batch_size)
+    print("compile seconds of model 0's step by C: " + ", ".join(
+        f"C={c}: {r['seconds']:.1f} s" for c, r in by_chunk.items()))
+    results = {"args": vars(args), "workload": "random", "models": rows, "summary": summary,
+               "compile_seconds_by_chunk": by_chunk}
     save_results("compile_count_random", results, args, lambda png: plot_random(rows, png))
     return results
 

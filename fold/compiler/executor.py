@@ -330,9 +330,6 @@ class Executor:
                 def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, saved, op=op, q=q, size=size):
                     xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
 
-                    def rows_mask(x):
-                        return valid.reshape((size,) + (1,) * (x.ndim - 1))
-
                     p = self._params_for(op, lparams)
                     _, vjp, diff = self._vjp(op, p, rng, xs, float_types, q in plans)
                     if q in plans:
@@ -342,13 +339,13 @@ class Executor:
                         leaves, tree = jax.tree_util.tree_flatten(vjp)
                         for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
                             rows = saved[b][:size]
-                            leaves[j] = jnp.where(rows_mask(rows), rows, rows[:1])
+                            leaves[j] = _masked(valid, rows, rows[:1])
                         vjp = jax.tree_util.tree_unflatten(tree, leaves)
                     cts = []
                     for t, k in op.out_slots:
                         if t in float_types:
                             ct = ct_chunks[t][k, :size]
-                            cts.append(jnp.where(rows_mask(ct), ct, jnp.zeros((), ct.dtype)))
+                            cts.append(_masked(valid, ct))
                         else:
                             cts.append(np.zeros((size, *self.types[t].shape), jax.dtypes.float0))
                     p_ct, *x_cts = vjp(cts)
@@ -357,8 +354,7 @@ class Executor:
                     in_rows = {t: jnp.full((k, C), dump[t], jnp.int32) for t, k in k_in.items()}
                     for i, x_ct in zip(diff, x_cts):
                         t, k = op.in_slots[i]
-                        in_cts[t] = in_cts[t].at[k, :size].set(jnp.where(rows_mask(x_ct), x_ct,
-                                                                         jnp.zeros((), x_ct.dtype)))
+                        in_cts[t] = in_cts[t].at[k, :size].set(_masked(valid, x_ct))
                         in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], dump[t]))
                     p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, v) for name, v in lparams.items()}
                     if op.layer is not None:
@@ -549,9 +545,10 @@ def _gather_rows(op: Any, arenas: dict, idx: jax.Array) -> list:
     return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
 
 
-def _masked(valid: jax.Array, x: jax.Array) -> jax.Array:
-    """``x`` with the rows where ``valid`` is False set to zero."""
-    return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+def _masked(valid: jax.Array, x: jax.Array, fill: Any = None) -> jax.Array:
+    """``x`` with the rows where ``valid`` is False set to ``fill`` (zero when None)."""
+    fill = jnp.zeros((), x.dtype) if fill is None else fill
+    return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, fill)
 
 
 def _write_rows(arenas: dict, op: Any, ys: list, valid: jax.Array, dest: list) -> dict:

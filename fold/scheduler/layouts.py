@@ -12,10 +12,12 @@ other dimension at most as large: ``fits``) is padded into the cheapest such lay
 (``pad_to``): an operation it lacks gets no work items (its branches are compiled but never
 run), a hoisted or tail group it lacks runs no rows, larger arenas and groups hold rows it
 never reads. A batch that fits none gets a new layout: the *join* (``join``, each dimension's
-maximum) of its own and the latest of its family (same examples, ``C`` and saving),
-or its own if it is the family's first, with every size at least twice what the batch needs
-(batches vary around the powers of two their sizes are rounded to, each in other dimensions),
-so the layouts of a family only grow, and most batches fit the first. Past ``max_layouts`` a batch
+maximum) of its own and the latest of its family (same examples, ``C`` and saving), or its own if
+it is the first of its family, with every size at least twice what the batch needs: batches vary
+around the powers of two their sizes are rounded to, each in other dimensions, and growing only
+what overflowed took one layout per overflow. The layouts of a family only grow, and most batches
+fit the first. Batches of at most ``TINY_BATCH`` examples (single trees) get their exact layout
+first: there, where ``C`` was tuned, padding costs a larger share. Past ``max_layouts`` a batch
 is padded into any layout it fits, whatever the size class, and only a batch that fits none
 compiles (with a warning, once).
 
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, MetricArrays
-from fold.scheduler.schedule import item_sizes, piece_rows
+from fold.scheduler.schedule import TINY_BATCH, item_sizes, piece_rows
 
 __all__ = ["MAX_GROWTH", "LayoutPolicy", "computed_rows", "fits", "join", "pad_to"]
 
@@ -215,7 +217,10 @@ class LayoutPolicy:
             return pad_to(batch, min(fitting, key=_cost), self.type_shapes)
         family = [layout for layout in self.layouts if (layout.num_examples, layout.chunk, bool(layout.saved_rows))
                   == (need.num_examples, need.chunk, bool(need.saved_rows))]
-        layout = join(family[-1] if family else need, need, headroom=True)
+        if family:
+            layout = join(family[-1], need, headroom=True)
+        else:  # tiny batches (single trees) run exactly what they need: the measured tuning of C did
+            layout = join(need, need, headroom=need.num_examples > TINY_BATCH)
         reason = (f"grows layout {self.layouts.index(family[-1]) + 1} to hold the batch" if family
                   else "the first of its examples, C and saving")
         self.layouts.append(layout)

@@ -26,7 +26,9 @@ def _check(model: RandomModel, backward: str, chunk: int | tuple, seed: int = 0)
     example; returns the batch."""
     compiler = fd.Compiler.create(model.block, backward=backward, chunk_size=chunk)
     params = compiler.init(jax.random.key(seed))
-    batch = compiler.build_batch(model.examples)
+    # The batch's own layout: build_batch pads the first layout with room to spare, which would
+    # hide writes past a region's end (tests/scheduler/test_layouts.py checks padded batches).
+    batch = compiler._build_batch(model.examples)
     weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.root.output_type.shape), jnp.float32)
 
     def loss(out: jax.Array) -> jax.Array:
@@ -104,7 +106,7 @@ def _tree(w: int, n: int = 6, seed: int = 0) -> RandomModel:
     return RandomModel(decl(), reference, [grow(int(rng.integers(0, 5))) for _ in range(n)], f"Tree of width {w}")
 
 
-@pytest.mark.parametrize("w, chunk", [(8, 8), (WIDE, 32), (2 * WIDE, 128), (2 * WIDE, (8, 32))])
+@pytest.mark.parametrize("w, chunk", [(8, 8), (WIDE, 32), (2 * WIDE, 128)])
 @pytest.mark.parametrize("backward", MODES)
 def test_folds_sharing_a_saved_buffer(backward, w, chunk):
     """Regression: an operation's last item wrote C rows into the next operation's region of a
@@ -113,17 +115,15 @@ def test_folds_sharing_a_saved_buffer(backward, w, chunk):
     assert bool(batch.layout.saved_rows) == (backward == "save" or (backward == "auto" and w >= WIDE))
 
 
-@pytest.mark.parametrize("chunk", [8, 32])
 @pytest.mark.parametrize("backward", MODES)
-def test_three_folds_interleaved_at_the_same_depths(backward, chunk):
-    batch = _check(_folds((2, 3, 4), WIDE), backward, chunk)
+def test_three_folds_interleaved_at_the_same_depths(backward):
+    batch = _check(_folds((2, 3, 4), WIDE), backward, 32)
     assert (sum(r > 0 for r in batch.layout.saved_rows) == 3) == (backward != "recompute")
 
 
-@pytest.mark.parametrize("chunk", [8, 32])
 @pytest.mark.parametrize("backward", MODES)
-def test_trees_whose_leaves_and_inner_nodes_save(backward, chunk):
-    batch = _check(_tree(WIDE), backward, chunk)
+def test_trees_whose_leaves_and_inner_nodes_save(backward):
+    batch = _check(_tree(WIDE), backward, 32)
     assert (sum(r > 0 for r in batch.layout.saved_rows) == 3) == (backward != "recompute")
 
 
@@ -134,14 +134,14 @@ def _draw(seed: int) -> tuple:
     return random_model(seed, wide=seed % 4 == 3), MODES[int(rng.integers(3))], chunk
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(16))
 def test_random_model(seed):
     model, backward, chunk = _draw(seed)
     _check(model, backward, chunk, seed)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(24, 224))
+@pytest.mark.parametrize("seed", range(16, 216))
 def test_more_random_models(seed):
     model, backward, chunk = _draw(seed)
     _check(model, backward, chunk, seed)

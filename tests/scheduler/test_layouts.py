@@ -24,7 +24,7 @@ def _shapes(compiler: fd.Compiler) -> list:
     return [(t.shape, t.dtype) for t in compiler.types]
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(6))
 def test_a_padded_batch_computes_what_the_exact_one_does(seed):
     """Two batches of one random model, each padded into the join of both layouts: every row is
     still written once and read after (host replay), and outputs and gradients are the exact
