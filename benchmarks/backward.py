@@ -62,7 +62,7 @@ def measure(blocks: dict[str, fd.Block], examples: list, repeats: int) -> dict[s
     runs, temps, saves, nodes, saved_bytes = {}, {}, {}, 0, 0
     for mode, block in blocks.items():
         compiler = fd.Compiler.create(block, backward=mode)
-        batch = compiler.build_batch(examples)
+        batch = compiler.build_batch(examples, exact_layout=True)
         nodes = batch.stats.num_nodes
         saves[mode] = bool(batch.layout.saved_rows)
         if mode == "save":

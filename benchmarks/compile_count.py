@@ -13,7 +13,7 @@ random examples each: one epoch from recorded examples, then one walking
 them (which should compile nothing new). Per model it reports compilations,
 compile seconds, padding (rows computed / rows needed) against exact-fit
 layouts, and the device time of an epoch over the padded batches against
-the same batches in their own exact layouts (each compiled beforehand).
+the same batches in their own exact layouts (timed layout by layout).
 Goals: at most 4 compilations per model and epoch (median 2), device time
 within 10 % of exact fit.
 
@@ -34,7 +34,7 @@ import optax
 
 import fold as fd
 from benchmarks import models, random_models
-from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
+from benchmarks.common import add_run_flags, figure, median_seconds, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
 from fold.compiler.compiler import CHUNK_SIZES
@@ -125,12 +125,31 @@ def _loss_model(model: random_models.RandomModel) -> fd.Block:
 
 
 def _epoch_seconds(step: Any, params: Any, opt_state: Any, batches: list) -> float:
-    """Device time of one pass of ``step`` over ``batches`` (every layout compiled before)."""
+    """Time of one pass of ``step`` over ``batches`` (every layout compiled before), each step
+    waited for: groups of one batch and groups of many are then timed alike."""
     start = time.perf_counter()
     for i, batch in enumerate(batches):
-        params, opt_state, loss = step(params, opt_state, batch, jax.random.key(i))
-    loss.block_until_ready()
+        step(params, opt_state, batch, jax.random.key(i))[2].block_until_ready()
     return time.perf_counter() - start
+
+
+def _device_seconds(compiler: fd.Compiler, optimizer: Any, params: Any, opt_state: Any, batches: list,
+                    repeats: int = 3) -> float:
+    """Device time of one training pass over ``batches``, layout by layout: each layout's step is
+    compiled, its batches timed (median of ``repeats`` passes), and its executable dropped before
+    the next (a process holding dozens of them ran out of mappable memory in LLVM)."""
+    by_layout: dict = collections.defaultdict(list)
+    for batch in batches:
+        by_layout[batch.layout].append(batch)
+    total = 0.0
+    for group in by_layout.values():
+        step = make_train_step(compiler, optimizer)
+        step(params, opt_state, group[0], jax.random.key(0))[2].block_until_ready()
+        total += median_seconds(lambda step=step, group=group: _epoch_seconds(step, params, opt_state, group),
+                                repeats)
+        gc.collect()
+        jax.clear_caches()
+    return total
 
 
 def random_model_epoch(seed: int, n: int, batch_size: int, chunk_sizes: list[int]) -> dict:
@@ -153,21 +172,14 @@ def random_model_epoch(seed: int, n: int, batch_size: int, chunk_sizes: list[int
     for i, batch in enumerate(compiler.batches(model.examples, batch_size, shuffle=True, seed=seed + 1)):
         step(params, opt_state, batch, jax.random.key(i))[2].block_until_ready()
     walking = compiler.stats()
-    # The same batches in their exact layouts, each layout compiled (run once) before timing.
-    exact = [compiler._build_batch(recorded[np.asarray(idx)])
+    # The same batches in their exact layouts.
+    exact = [compiler.build_batch(recorded[np.asarray(idx)], exact_layout=True)
              for idx in np.array_split(np.random.default_rng(seed).permutation(n), range(batch_size, n, batch_size))]
-    exact_step = make_train_step(compiler, optimizer)
-    seen: set = set()
-    for batch in exact:
-        if batch.layout not in seen:
-            seen.add(batch.layout)
-            exact_step(params, opt_state, batch, jax.random.key(0))[2].block_until_ready()
     exact_computed = sum(computed_rows(b) for b in exact) / sum(b.stats.num_nodes for b in exact)
-    padded_s, exact_s = interleaved_medians({"padded": lambda: _epoch_seconds(step, params, opt_state, batches),
-                                             "exact": lambda: _epoch_seconds(exact_step, params, opt_state, exact)},
-                                            3).values()
+    padded_s = _device_seconds(compiler, optimizer, params, opt_state, batches)
+    exact_s = _device_seconds(compiler, optimizer, params, opt_state, exact)
     return {"seed": seed, "model": model.text, "operations": len(compiler.ops), "batches": s.batches,
-            "compilations": s.traces, "layouts": s.layouts, "exact_layouts": len(seen),
+            "compilations": s.traces, "layouts": s.layouts, "exact_layouts": len({b.layout for b in exact}),
             "compile_seconds": s.compile_seconds, "epoch_seconds": epoch_seconds,
             "walking_compilations": walking.traces, "padding": s.padding, "exact_padding": exact_computed,
             "device_seconds": padded_s, "exact_device_seconds": exact_s, "device_ratio": padded_s / exact_s}
@@ -176,9 +188,9 @@ def random_model_epoch(seed: int, n: int, batch_size: int, chunk_sizes: list[int
 def compile_seconds_by_chunk(seed: int, n: int, batch_size: int, chunks: tuple = (32, 128, 512)) -> dict:
     """Seconds to trace and compile random model ``seed``'s training step for one batch, per C: the
     executor compiles a branch per (loop operation, item size), and C = 2^k has k - 2 sizes."""
-    model = random_models.random_model(seed, n=batch_size, depth=3)
     out = {}
     for chunk in chunks:
+        model = random_models.random_model(seed, n=batch_size, depth=3)  # a block lives in one model only
         compiler = fd.Compiler.create(_loss_model(model), chunk_size=chunk)
         optimizer = optax.adam(1e-3)
         params = compiler.init(jax.random.key(0))

@@ -125,7 +125,7 @@ def step_for(compiler: fd.Compiler, params: Any, batch: fd.Batch, mode: str) -> 
 def compile_step(block: fd.Block, examples: list, chunk: int, mode: str) -> tuple[dict[str, Any], Any]:
     """Compile time, loop items and whole-arena copies of one step, and a call that runs it."""
     compiler = fd.Compiler.create(block, chunk_size=chunk)
-    host = compiler.build_batch(examples)
+    host = compiler.build_batch(examples, exact_layout=True)
     step, step_args = step_for(compiler, compiler.init(jax.random.key(0)), jax.device_put(host), mode)
     start = time.perf_counter()
     compiled = step.lower(*step_args).compile()

@@ -79,7 +79,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     step = make_train_step(compiler, optimizer)
     samples = [rng.sample(trees, min(args.batch_sizes[0], len(trees))) for _ in range(4)]
     temp = memory.measure(compiler, step, params, opt_state, samples[0])["temp_bytes"]
-    batches = [jax.device_put(compiler.build_batch(s)) for s in samples]
+    batches = [jax.device_put(compiler.build_batch(s, exact_layout=True)) for s in samples]
     key = jax.random.key(0)
     for b in batches:  # compiles every layout
         jax.block_until_ready(step(params, opt_state, b, key))

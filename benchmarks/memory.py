@@ -65,7 +65,7 @@ def row_bytes(t: fd.TensorType) -> int:
 
 def measure(compiler: fd.Compiler, step: Any, params: Any, opt_state: Any, trees: list) -> dict[str, Any]:
     """Activation, arena and XLA temporary bytes of one training step on ``trees``."""
-    batch = compiler.build_batch(trees)
+    batch = compiler.build_batch(trees, exact_layout=True)
     sizes = [row_bytes(t) for t in compiler.types]
     rows = batch.stats.type_rows
     allocated = [r + batch.layout.chunk for r in batch.layout.arena_rows]

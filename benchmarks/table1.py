@@ -185,7 +185,7 @@ def run_batch_size(b: int, args: argparse.Namespace, compiler: fd.Compiler, para
     row: dict[str, Any] = {"batch_size": b, "manual": {"first_call_s": first_call_seconds(manual_run, params, ids)}}
     calls = {"manual": lambda: manual_run(params, ids)}
     for name, trees in (("dynamic", same), ("full_dynamic", different)):
-        host = compiler.build_batch(trees)
+        host = compiler.build_batch(trees, exact_layout=True)
         build = median_seconds(lambda: compiler.build_batch(trees), max(1, args.repeats // 2))
         batch = jax.device_put(host)  # on the device, like manual's ids
         row[name] = {"first_call_s": first_call_seconds(fold_run, params, batch), "build_s": build,

@@ -397,14 +397,21 @@ class Compiler:
                 again.finish()
         raise e.error from None
 
-    def build_batch(self, examples: Iterable[Any] | RecordedExamples) -> Batch:
+    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False) -> Batch:
         """Walks every example on the host and builds its schedule (NumPy only).
 
         A malformed example raises KeyError, TypeError or ValueError naming
         the example's index, the block path and what was expected. Examples
         recorded with ``record`` skip the walk.
+
+        The batch is padded into a layout this compiler handed out before
+        where it fits (see ``Compiler.create``); ``exact_layout=True`` gives
+        it the layout that fits it exactly instead, outside that set: one
+        compilation per distinct layout, for measuring a batch on its own.
         """
-        batch = self._layouts.assign(self._build_batch(examples))
+        batch = self._build_batch(examples)
+        if not exact_layout:
+            batch = self._layouts.assign(batch)
         self._stats.built(batch)
         return batch
 

@@ -13,7 +13,8 @@ other dimension at most as large: ``fits``) is padded into the cheapest such lay
 run), a hoisted or tail group it lacks runs no rows, larger arenas and groups hold rows it
 never reads. A batch that fits none gets a new layout: the *join* (``join``, each dimension's
 maximum) of its own and the latest of its family (same examples, ``C`` and saving), or its own if
-it is the first of its family, with every size at least twice what the batch needs: batches vary
+it is the first of its family, with every size at least twice what the batch needs (an arena's
+up to ``ARENA_HEADROOM_CAP`` of the size class): batches vary
 around the powers of two their sizes are rounded to, each in other dimensions, and growing only
 what overflowed took one layout per overflow. The layouts of a family only grow, and most batches
 fit the first. Batches of at most ``TINY_BATCH`` examples (single trees) get their exact layout
@@ -36,9 +37,14 @@ import numpy as np
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, MetricArrays
 from fold.scheduler.schedule import TINY_BATCH, item_sizes, piece_rows
 
-__all__ = ["MAX_GROWTH", "LayoutPolicy", "computed_rows", "fits", "join", "pad_to"]
+__all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "LayoutPolicy", "computed_rows", "fits", "join", "pad_to"]
 
 logger = logging.getLogger("fold")
+
+# Arenas get headroom only up to this share of the size class: every step initialises its arenas
+# and their cotangents, so doubling a large arena cost a random model 1.43x the device time of its
+# exact layouts; the fullest arena is A rows whatever the headroom.
+ARENA_HEADROOM_CAP = 0.25
 
 # A batch is padded into a layout of at most this many times its own size class (before the
 # budget is spent): a larger size class costs larger index arrays and arenas, not more loop work.
@@ -87,7 +93,8 @@ def fits(need: BatchLayout, have: BatchLayout, max_growth: int | None = MAX_GROW
 def _merge(a_ops: tuple, a_sizes: tuple, b_ops: tuple, b_sizes: tuple,
            grow: Callable[[int, int], int]) -> tuple[tuple, tuple]:
     """A shortest sequence of groups that holds both ``a`` and ``b`` in order (their longest
-    common subsequence of operations once); a group in both gets ``grow(a's rows, b's rows)``."""
+    common subsequence of operations once), each group ``grow(a's rows, b's rows)`` (0 where it
+    is not one of theirs)."""
     n, m = len(a_ops), len(b_ops)
     lcs = np.zeros((n + 1, m + 1), np.int64)
     for i in range(n - 1, -1, -1):
@@ -101,36 +108,41 @@ def _merge(a_ops: tuple, a_sizes: tuple, b_ops: tuple, b_sizes: tuple,
             i, j = i + 1, j + 1
         elif j == m or (i < n and lcs[i + 1, j] >= lcs[i, j + 1]):
             ops.append(a_ops[i])
-            sizes.append(a_sizes[i])
+            sizes.append(grow(a_sizes[i], 0))
             i += 1
         else:
             ops.append(b_ops[j])
-            sizes.append(b_sizes[j])
+            sizes.append(grow(0, b_sizes[j]))
             j += 1
     return tuple(ops), tuple(sizes)
 
 
 def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
     """The smallest layout both ``a`` and ``b`` fit (same examples, ``C`` and saving). With
-    ``headroom``, every size is at least twice what ``b`` needs (up to the size class): the next
-    batches, which straddle the same powers of two in other dimensions, then fit too."""
+    ``headroom``, every size is at least twice what ``b`` needs (up to the size class, an arena's
+    up to ``ARENA_HEADROOM_CAP`` of it): the next batches, which straddle the same powers of two
+    in other dimensions, then fit too."""
     if (a.num_examples, a.chunk, bool(a.saved_rows)) != (b.num_examples, b.chunk, bool(b.saved_rows)):
         raise ValueError(f"layouts of different examples, C or saving have no join: {a} and {b}")
     A = max(a.size_class, b.size_class)
 
-    def grow(have: int, need: int) -> int:
-        return max(have, min(A, 2 * need)) if headroom else max(have, need)
+    def grow(have: int, need: int, cap: int = A) -> int:
+        return max(have, need, min(cap, 2 * need)) if headroom else max(have, need)
 
     loop_ops = tuple(sorted(set(a.loop_ops) | set(b.loop_ops)))
     saved_rows = ()
     if a.saved_rows:
         sa, sb = _saved_of(a), _saved_of(b)
         saved_rows = tuple(grow(sa.get(o, 0), sb.get(o, 0)) for o in loop_ops)
-    hoist_ops, hoist_sizes = _merge(a.hoist_ops, a.hoist_sizes, b.hoist_ops, b.hoist_sizes, grow)
+    # Hoisted groups: one per operation, sorted (they read only constants, so any order is right).
+    ha, hb = dict(zip(a.hoist_ops, a.hoist_sizes)), dict(zip(b.hoist_ops, b.hoist_sizes))
+    hoist_ops = tuple(sorted(set(ha) | set(hb)))
+    hoist_sizes = tuple(grow(ha.get(o, 0), hb.get(o, 0)) for o in hoist_ops)
     tail_ops, tail_sizes = _merge(a.tail_ops, a.tail_sizes, b.tail_ops, b.tail_sizes, grow)
     return BatchLayout(A, a.num_examples, loop_ops, hoist_ops, tuple(sorted(set(a.const_types) | set(b.const_types))),
-                       tail_ops, tail_sizes, hoist_sizes, tuple(map(grow, a.arena_rows, b.arena_rows)), a.chunk,
-                       saved_rows)
+                       tail_ops, tail_sizes, hoist_sizes,
+                       tuple(grow(x, y, int(ARENA_HEADROOM_CAP * A)) for x, y in zip(a.arena_rows, b.arena_rows)),
+                       a.chunk, saved_rows)
 
 
 def _grow(x: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:

@@ -26,9 +26,9 @@ def _check(model: RandomModel, backward: str, chunk: int | tuple, seed: int = 0)
     example; returns the batch."""
     compiler = fd.Compiler.create(model.block, backward=backward, chunk_size=chunk)
     params = compiler.init(jax.random.key(seed))
-    # The batch's own layout: build_batch pads the first layout with room to spare, which would
-    # hide writes past a region's end (tests/scheduler/test_layouts.py checks padded batches).
-    batch = compiler._build_batch(model.examples)
+    # The batch's own layout: padding it with room to spare would hide writes past a region's end
+    # (tests/scheduler/test_layouts.py checks padded batches).
+    batch = compiler.build_batch(model.examples, exact_layout=True)
     weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.root.output_type.shape), jnp.float32)
 
     def loss(out: jax.Array) -> jax.Array:

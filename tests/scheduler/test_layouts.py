@@ -11,13 +11,13 @@ import pytest
 
 import fold as fd
 from benchmarks.random_models import random_model
-from fold.scheduler.layouts import MAX_GROWTH, computed_rows, fits, join, pad_to
+from fold.scheduler.layouts import ARENA_HEADROOM_CAP, MAX_GROWTH, computed_rows, fits, join, pad_to
 from tests.scheduler.test_row_ownership import replay_writes
 
 
 def _exact(compiler: fd.Compiler, examples: list) -> fd.Batch:
     """The batch with its own (exact-fit) layout, bypassing the compiler's layout policy."""
-    return compiler._build_batch(examples)
+    return compiler.build_batch(examples, exact_layout=True)
 
 
 def _shapes(compiler: fd.Compiler) -> list:
@@ -60,8 +60,15 @@ def test_join_merges_tail_sequences_in_order_and_grows_with_headroom():
         assert fits(layout, both, None)
         assert set(layout.loop_ops) <= set(both.loop_ops)
         assert all(n <= m for n, m in zip(layout.arena_rows, both.arena_rows))
+    assert list(both.hoist_ops) == sorted(set(a.hoist_ops) | set(b.hoist_ops))
+    for layout in (a, b):  # each batch's tail groups, in its order, in the merged sequence
+        it = iter(both.tail_ops)
+        assert all(any(o == p for p in it) for o in layout.tail_ops)
     roomy = join(a, b, headroom=True)
-    assert all(min(roomy.size_class, 2 * n) <= m for n, m in zip(b.arena_rows, roomy.arena_rows))
+    cap = int(ARENA_HEADROOM_CAP * roomy.size_class)
+    assert all(max(n, min(cap, 2 * n)) <= m for n, m in zip(b.arena_rows, roomy.arena_rows))
+    hoisted = dict(zip(roomy.hoist_ops, roomy.hoist_sizes))
+    assert all(min(roomy.size_class, 2 * n) <= hoisted[o] for o, n in zip(b.hoist_ops, b.hoist_sizes))
     assert fits(both, roomy, None)
 
 
@@ -86,10 +93,10 @@ def test_a_stream_of_batches_of_a_many_operation_model_compiles_a_few_layouts():
     model = random_model(5, n=640, depth=3)
     compiler = fd.Compiler.create(model.block)
     batches = list(compiler.batches(model.examples, 32))
-    exact = [_exact(compiler, model.examples[i:i + 32]) for i in range(0, 640, 32)]
-    assert len({b.layout for b in exact}) >= 6
     assert len({b.layout for b in batches}) <= 3
     assert compiler.stats().layouts == len({b.layout for b in batches})
+    exact = [_exact(compiler, model.examples[i:i + 32]) for i in range(0, 640, 32)]
+    assert len({b.layout for b in exact}) >= 6
     params = compiler.init(jax.random.key(0))
     for padded, own in zip(batches[::7], exact[::7]):
         np.testing.assert_allclose(compiler.apply(params, padded).outputs, compiler.apply(params, own).outputs,

@@ -88,7 +88,7 @@ def test_each_arena_has_its_own_types_rows_rounded_up():
     compiler = fd.Compiler.create(decl(), chunk_size=8)
     rng = random.Random(3)
     examples = [random_tree(rng, 40, lambda r: r.random()) for _ in range(4)]
-    batch = compiler._build_batch(examples)  # its own layout (build_batch pads it, with room to spare)
+    batch = compiler.build_batch(examples, exact_layout=True)
     scalar, vector = (compiler.type_index[fd.TensorType(s)] for s in ((), (2,)))
     rows = batch.layout.arena_rows
     assert batch.stats.type_rows[scalar] == 4 * 40 + 1 and rows[scalar] == 256
@@ -125,7 +125,7 @@ def _sum_of_doubles():
 def test_operations_near_the_results_run_after_the_loop():
     compiler = fd.Compiler.create(_sum_of_doubles())
     examples = [[1.0, 2.0, 3.0], [4.0], [5.0, 6.0]]
-    batch = compiler._build_batch(examples)  # its own layout: build_batch pads it
+    batch = compiler.build_batch(examples, exact_layout=True)
     # Every call is within TAIL_DEPTH of a result, so there is no loop. Groups run by decreasing
     # distance: doubles of 2 and 3 (distance 2), doubles of 1 and 5, 6 and add(2, 3) (1), then
     # doubles of 4 and both roots' adds (0).
