@@ -94,6 +94,7 @@ def sst_main(args: argparse.Namespace) -> dict:
         "compilations": s.traces, "goal": GOAL, "size_classes": {str(k): v for k, v in s.size_classes.items()},
         "chunks": {str(c): n for c, n in per_chunk.items()},
         "occupancy": s.occupancy, "min_occupancy": s.min_occupancy, "saving": s.saving, "epoch_seconds": epoch_seconds,
+        "compile_seconds": s.compile_seconds, "padding": s.padding,
         "first_steps_of_new_layouts_seconds": compile_seconds, "steps": per_step}
     print_table(f"one SST epoch at batch {args.batch_size}", ["quantity", "value"], [
         ["batches", s.batches], ["distinct layouts", s.layouts],
@@ -203,7 +204,7 @@ def compile_seconds_by_chunk(seed: int, n: int, batch_size: int, chunks: tuple =
 
 
 def random_main(args: argparse.Namespace) -> dict:
-    models, n = (2, 400) if args.quick else (args.models, args.examples)
+    models, n = (1, 256) if args.quick else (args.models, args.examples)
     rows = []
     for seed in range(models):
         row = random_model_epoch(seed, n, args.batch_size, args.chunk_size)
@@ -229,9 +230,10 @@ def random_main(args: argparse.Namespace) -> dict:
     print(f"compilations per epoch: max {summary['max_compilations']} (goal <= {RANDOM_GOAL}), median "
           f"{summary['median_compilations']:.1f} (goal <= {RANDOM_MEDIAN_GOAL}); device time: at most "
           f"{summary['max_device_ratio']:.2f}x exact fit (goal <= {DEVICE_GOAL})")
-    by_chunk = compile_seconds_by_chunk(0, n, args.batch_size)
-    print("compile seconds of model 0's step by C: " + ", ".join(
-        f"C={c}: {r['seconds']:.1f} s" for c, r in by_chunk.items()))
+    by_chunk = {} if args.quick else compile_seconds_by_chunk(0, n, args.batch_size)
+    if by_chunk:
+        print("compile seconds of model 0's step by C: " + ", ".join(
+            f"C={c}: {r['seconds']:.1f} s" for c, r in by_chunk.items()))
     results = {"args": vars(args), "workload": "random", "models": rows, "summary": summary,
                "compile_seconds_by_chunk": by_chunk}
     save_results("compile_count_random", results, args, lambda png: plot_random(rows, png))

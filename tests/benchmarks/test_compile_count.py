@@ -25,13 +25,13 @@ def test_quick_run(tmp_path):
 
 
 def test_quick_random_run(tmp_path):
-    """Two random models: fewer compilations than exact-fit layouts, walking compiles no more than
-    recording did, padding at least exact fit's, and a device-time ratio for each."""
+    """A random model: no more compilations than exact-fit layouts, padding at least exact fit's,
+    and a device-time ratio."""
     out = tmp_path / "compile_count_random.json"
     r = compile_count.main(["--workload", "random", "--quick", "--json", str(out)])
-    assert len(r["models"]) == 2
+    assert len(r["models"]) == 1
     for m in r["models"]:
-        assert m["batches"] == 7 and 1 <= m["compilations"] == m["layouts"] <= m["exact_layouts"]
+        assert m["batches"] == 4 and 1 <= m["compilations"] == m["layouts"] <= m["exact_layouts"]
         assert m["compile_seconds"] > 0 and m["padding"] >= m["exact_padding"] >= 1
         assert m["device_ratio"] > 0
     assert r["summary"]["max_compilations"] == max(m["compilations"] for m in r["models"])
