@@ -66,6 +66,11 @@ def _embed(ops: tuple, sizes: tuple, into_ops: tuple, into_sizes: tuple) -> list
     return positions
 
 
+def _kind(layout: BatchLayout) -> tuple:
+    """What padding cannot change: the number of examples, ``C``, and whether the batch saves."""
+    return layout.num_examples, layout.chunk, bool(layout.saved_rows)
+
+
 def _saved_of(layout: BatchLayout) -> dict[int, int]:
     return dict(zip(layout.loop_ops, layout.saved_rows))
 
@@ -73,8 +78,7 @@ def _saved_of(layout: BatchLayout) -> dict[int, int]:
 def fits(need: BatchLayout, have: BatchLayout, max_growth: int | None = MAX_GROWTH) -> bool:
     """Whether a batch of layout ``need`` can be padded into ``have`` (``pad_to``); ``max_growth``
     bounds the ratio of their size classes (None: no bound)."""
-    if (need.num_examples, need.chunk, bool(need.saved_rows)) != (have.num_examples, have.chunk,
-                                                                   bool(have.saved_rows)):
+    if _kind(need) != _kind(have):
         return False
     if have.size_class < need.size_class or (max_growth is not None
                                              and have.size_class > max_growth * need.size_class):
@@ -122,7 +126,7 @@ def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
     ``headroom``, every size is at least twice what ``b`` needs (up to the size class, an arena's
     up to ``ARENA_HEADROOM_CAP`` of it): the next batches, which straddle the same powers of two
     in other dimensions, then fit too."""
-    if (a.num_examples, a.chunk, bool(a.saved_rows)) != (b.num_examples, b.chunk, bool(b.saved_rows)):
+    if _kind(a) != _kind(b):
         raise ValueError(f"layouts of different examples, C or saving have no join: {a} and {b}")
     A = max(a.size_class, b.size_class)
 
@@ -227,8 +231,7 @@ class LayoutPolicy:
         fitting = [layout for layout in self.layouts if fits(need, layout, None if over else MAX_GROWTH)]
         if fitting:
             return pad_to(batch, min(fitting, key=_cost), self.type_shapes)
-        family = [layout for layout in self.layouts if (layout.num_examples, layout.chunk, bool(layout.saved_rows))
-                  == (need.num_examples, need.chunk, bool(need.saved_rows))]
+        family = [layout for layout in self.layouts if _kind(layout) == _kind(need)]
         if family:
             layout = join(family[-1], need, headroom=True)
         else:  # tiny batches (single trees) run exactly what they need: the measured tuning of C did

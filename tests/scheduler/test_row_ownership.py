@@ -51,8 +51,9 @@ class _Arenas:
             assert self.tags[t][row] == tag, f"type {t}: row {row} overwritten after it was read"
 
 
-def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> None:
-    """Replays ``batch``'s writes (see the module docstring); asserts on the first bad one."""
+def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> int:
+    """Replays ``batch``'s writes (see the module docstring); asserts on the first bad one and
+    returns the number of row reads it checked."""
     arrays, layout = batch.arrays, batch.layout
     C, ops, slot = layout.chunk, compiler.ops, compiler.slot_index
     in_idx = np.asarray(arrays.in_idx)
@@ -104,6 +105,7 @@ def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> None:
     arenas.check_final()
     for start, nodes in saved_reads:  # the backward pass reads each item's saved rows back
         np.testing.assert_array_equal(saved[start:start + len(nodes)], nodes, "saved rows overwritten")
+    return len(arenas.reads) + sum(len(nodes) for _, nodes in saved_reads)
 
 
 def _weave(n: int) -> tuple:
@@ -119,11 +121,12 @@ def test_no_padded_write_lands_on_a_row_that_is_read(name, chunk):
     batch = compiler.build_batch(examples, exact_layout=True)  # no headroom to hide a bad write
     if name in ("rnn", "tree_lstm", "weave"):  # loop matmuls to save
         assert batch.layout.saved_rows
-    replay_writes(compiler, batch)
+    assert replay_writes(compiler, batch) >= batch.stats.num_nodes
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_no_padded_write_lands_on_a_row_that_is_read_in_random_models(seed):
     model = random_model(seed, n=10)
     compiler = fd.Compiler.create(model.block, backward="save", chunk_size=(8, 16, 32)[seed % 3])
-    replay_writes(compiler, compiler.build_batch(model.examples, exact_layout=True))
+    batch = compiler.build_batch(model.examples, exact_layout=True)
+    assert replay_writes(compiler, batch) >= batch.stats.num_nodes  # every node's inputs, at least
