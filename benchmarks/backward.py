@@ -30,8 +30,7 @@ from benchmarks.common import add_run_flags, figure, interleaved_medians, save_r
 from benchmarks.executor import training_step
 from examples import sst, weave
 from examples.common import print_table
-from fold.compiler.compiler import BACKWARDS
-from fold.scheduler.schedule import saved_buffer_bytes
+from fold.compiler.saving import BACKWARDS, saved_buffer_bytes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

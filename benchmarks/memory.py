@@ -37,7 +37,7 @@ from benchmarks import models
 from benchmarks.common import add_run_flags, figure, save_results
 from examples import sst
 from examples.common import make_train_step, print_table
-from fold.compiler.compiler import BACKWARDS
+from fold.compiler.saving import BACKWARDS
 
 GOAL = 1.5
 

@@ -40,7 +40,7 @@ from benchmarks import models, sst_peers
 from benchmarks.common import add_run_flags, figure, median_seconds, save_results, timed
 from examples import sst
 from examples.common import make_train_step, print_table
-from fold.compiler.compiler import BACKWARDS
+from fold.compiler.saving import BACKWARDS
 
 LEARNING_RATE = 0.05
 GOALS = {"batch_size": 64, "hidden": 150, "vs_torch_eager": 10.0, "vs_torch_levels": 1.5, "trees_per_s": 900}

@@ -45,7 +45,8 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, median_seconds, save_results
 from examples.common import print_table
-from fold.compiler.compiler import BACKWARDS, CHUNK_SIZES
+from fold.compiler.compiler import CHUNK_SIZES
+from fold.compiler.saving import BACKWARDS
 
 PAPER_COST_RATIO_CPU = {1024: 1.27, 1: 0.49}
 PAPER_SPEEDUP_CPU = 28.9

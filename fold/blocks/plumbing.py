@@ -49,7 +49,7 @@ class Pipe(Block):
         return list(self._blocks)
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
-        for b in self._blocks:
+        for b in ctx.steps(self):
             x = run_leaf(b, x, ctx)
         return x
 
@@ -63,12 +63,12 @@ class Pipe(Block):
         unify(blocks[-1], "output", self, "output")
 
     def _host(self, x: Any, ctx: Any):
-        for b in self._blocks:
+        for b in ctx.steps(self):
             x = run_leaf(b, x, ctx) if b._leaf else (yield b, x, None)
         return x
 
     def _emit(self, em: Any, x: str) -> str:
-        for b in self._blocks:
+        for b in em.steps(self):
             x = em.emit(b, x)
         return x
 

@@ -30,10 +30,15 @@ class OpSpec:
     together); ``fn(params, rng, *flat_inputs)`` returns the flat list of
     outputs. ``rng`` is a PRNG key unique to the call, or None when the
     model runs deterministically; only stochastic layers use it.
+    ``layer_in_type`` is the input type ``layer`` sees (its parameters
+    depend on it): ``in_type`` unless ``layer_first`` is False, when the
+    operation runs others before the layer (fused operations) and the
+    layer does not check constant inputs.
     """
 
     def __init__(self, key: Any, label: str, in_type: Type, out_type: Type,
-                 fn: Callable[..., list], layer: Layer | None = None):
+                 fn: Callable[..., list], layer: Layer | None = None, layer_in_type: Type | None = None,
+                 layer_first: bool = True):
         self.key = key
         self.label = label
         self.in_type = in_type
@@ -42,6 +47,8 @@ class OpSpec:
         self.out_types = out_type.tensor_leaves()
         self.fn = fn
         self.layer = layer
+        self.layer_in_type = in_type if layer_in_type is None else layer_in_type
+        self.layer_first = layer_first
 
 
 def flatten_value(v: Any) -> list:

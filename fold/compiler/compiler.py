@@ -37,7 +37,9 @@ from fold.blocks.types import (
     VoidType,
 )
 from fold.compiler.executor import Executor
+from fold.compiler.fusion import Fused, fuse_pipes
 from fold.compiler.result import MetricValues, Result
+from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy
 from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.batch import Batch
@@ -50,15 +52,6 @@ from fold.scheduler.walk import walk
 
 __all__ = ["Compiler"]
 
-BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
-# backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
-SAVE_LIMIT = 16 * 2**20
-# ... and only the operations whose forward pass costs at least this many FLOPs per byte they would
-# save: a saved row is written, kept and read back whatever the matmul behind it, while recomputing
-# it costs that matmul. Measured on a 2-core CPU (benchmarks.executor): the SST Tree-LSTM cell
-# (201 FLOPs per saved byte at H = 150) trained 10-13 % faster saving at batch 64, a weave module's
-# FCs (16-33: 32-float rows from 32-64 inputs) 7-22 % slower.
-SAVE_INTENSITY = 64
 # C candidates: 32 for tiny batches (single trees), 128 for most, 512 for large batches of large
 # trees (``pick_chunk`` prices each; docs/performance.md has the measurements).
 CHUNK_SIZES = (32, 128, 512)
@@ -80,7 +73,8 @@ class CompiledOp:
         self.in_paths = leaf_paths(spec.in_type)
         layer = spec.layer
         overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
-        self.check_inputs = layer.check_constant_inputs if overridden else None
+        # A layer checks constant inputs only where it reads the operation's own inputs.
+        self.check_inputs = layer.check_constant_inputs if overridden and spec.layer_first else None
 
 
 def _slots(tidx: list[int]) -> list[tuple[int, int]]:
@@ -139,7 +133,8 @@ class Compiler:
 
     @classmethod
     def create(cls, root_block: Any, chunk_size: int | Sequence[int] = CHUNK_SIZES,
-               backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS) -> Compiler:
+               backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS,
+               fuse: bool = True) -> Compiler:
         """Validates and type-checks ``root_block`` and enumerates its operations.
 
         ``chunk_size`` is C, the most rows a loop iteration runs, or several
@@ -164,27 +159,37 @@ class Compiler:
 
         Every distinct ``batch.layout`` compiles each jitted function that
         takes batches once. Batches are padded into layouts handed out
-        before where they fit (see ``fold/scheduler/layouts.py``); a batch
-        that fits none gets a new layout, which grows the last one of its
+        before where they fit (see ``fold/scheduler/layouts.py``);
+        ``batches`` plans the first layout from a few batches ahead, with
+        room for the sizes still to come; a batch that fits none gets a new
+        layout, which grows the last one of its
         kind so that later batches fit. Past ``max_layouts`` layouts, batches
         are padded into any layout they fit, and only one that fits none
         (a new number of examples or C) compiles, with a warning (logged
         once to the ``fold`` logger, which logs every new layout at INFO).
         ``compiler.stats()`` reports layouts, compile seconds and padding.
+
+        ``fuse`` runs each run of operations in a pipe (``Concat() >>
+        FC(n)``, ``Function(f) >> FC(n)``) as one operation, at most one
+        layer each (``fold/compiler/fusion.py``): fewer nodes, loop
+        iterations and branches to compile, the same numbers. Depths then
+        count a fused run once; ``fuse=False`` gives Fold's depths.
         """
         return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward,
-                           save_limit=save_limit, max_layouts=max_layouts)
+                           save_limit=save_limit, max_layouts=max_layouts, fuse=fuse)
 
     @classmethod
     def for_eval(cls, block: Any) -> Compiler:
         """A compiler for ``block.eval`` and ``block.max_depth``: any root type (sequences and
         Python objects come back as values), small chunks (one branch per operation keeps a
-        notebook's compilations quick) and a recomputing backward pass."""
-        return cls._create(block, any_root=True, chunk_size=8, backward="recompute")
+        notebook's compilations quick), a recomputing backward pass, and no fused operations
+        (``max_depth`` counts every operation, as Fold does)."""
+        return cls._create(block, any_root=True, chunk_size=8, backward="recompute", fuse=False)
 
     @classmethod
     def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = CHUNK_SIZES,
-                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS) -> Compiler:
+                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS,
+                fuse: bool = True) -> Compiler:
         sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)
         if not sizes or any(not isinstance(c, (int, np.integer)) or c < MIN_ITEM or c & (c - 1) for c in sizes):
             raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM} or a sequence of them, "
@@ -195,6 +200,8 @@ class Compiler:
             raise ValueError(f"save_limit must be a number of bytes >= 0, got {save_limit!r}")
         if isinstance(max_layouts, bool) or not isinstance(max_layouts, (int, np.integer)) or max_layouts < 1:
             raise ValueError(f"max_layouts must be an int >= 1, got {max_layouts!r}")
+        if not isinstance(fuse, bool):
+            raise TypeError(f"fuse must be True or False, got {fuse!r}")
         self = cls(_internal=True)
         root = convert_to_block(root_block)
         if root.input_type is None:
@@ -227,8 +234,6 @@ class Compiler:
         self.chunk_sizes = tuple(sorted({int(c) for c in sizes}))
         self.backward = backward
         self.save_limit = int(save_limit)
-        self._saved_bytes: dict[int, tuple[int, ...]] = {}  # C -> per op, saved bytes per loop row
-        self._flops_per_row: dict[int, float | None] = {}  # op -> its forward pass's FLOPs per row
 
         # Arena types: every tensor type that appears anywhere.
         tensor_types: list[TensorType] = []
@@ -239,16 +244,23 @@ class Compiler:
         self.type_index = {t: i for i, t in enumerate(self.types)}
 
         # Operations, merged by key so equal functions batch together.
+        # Runs of operations in pipes are fused into one (fold/compiler/fusion.py).
+        self.pipe_steps = fuse_pipes(blocks) if fuse else {}
+        fused = {m: step for steps in self.pipe_steps.values() for step in steps if isinstance(step, Fused)
+                 for m in step.blocks}
         self.ops: list[CompiledOp] = []
-        self.block_ops: dict[Block, int] = {}
+        self.block_ops: dict[Any, int] = {}
         by_key: dict[Any, int] = {}
         for b in blocks:
             if isinstance(b, (Function, Concat)):
-                spec = b.op_spec()
+                op_block = fused.get(b, b)
+                if op_block in self.block_ops:
+                    continue
+                spec = op_block.op_spec()
                 if spec.key not in by_key:
                     by_key[spec.key] = len(self.ops)
                     self.ops.append(CompiledOp(spec, self.type_index))
-                self.block_ops[b] = by_key[spec.key]
+                self.block_ops[op_block] = by_key[spec.key]
         self.slot_index = {}
         for op in self.ops:
             for slot in op.out_slots:
@@ -261,10 +273,10 @@ class Compiler:
             if op.layer is None:
                 continue
             prev = layer_types.get(op.layer)
-            if prev is not None and prev != op.spec.in_type:
-                raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {op.spec.in_type}; "
+            if prev is not None and prev != op.spec.layer_in_type:
+                raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {op.spec.layer_in_type}; "
                                 "a layer has one input type (its parameters depend on it)")
-            layer_types[op.layer] = op.spec.in_type
+            layer_types[op.layer] = op.spec.layer_in_type
         used = {layer.name for layer in layer_types if layer.name is not None}
         named: dict[str, Layer] = {}
         for layer in layer_types:
@@ -301,6 +313,7 @@ class Compiler:
         self._idle_workers = IdlePool()
         weakref.finalize(self, self._idle_workers.close)
         self.executor = Executor(self)
+        self._saving = SavePolicy(backward, int(save_limit), self.executor, self.init)
         self._arenas_jit = jax.jit(self.executor.arenas)
         self._apply_jit = jax.jit(self._apply)
         return self
@@ -333,33 +346,8 @@ class Compiler:
     # -------------------------------------------------------------- batches
     def saved_row_bytes(self, chunk: int) -> tuple[int, ...]:
         """Per operation (in ``ops`` order), the bytes this compiler's backward pass keeps per loop
-        row with chunk size ``chunk`` when a batch saves: 0 where it keeps nothing, which under
-        ``backward="auto"`` includes the operations whose forward pass costs fewer than
-        ``SAVE_INTENSITY`` FLOPs per saved byte (cheaper to recompute than to keep). Computed from
-        shapes alone (``jax.eval_shape``, XLA's cost analysis) on first use."""
-        if chunk not in self._saved_bytes:
-            params = self._abstract_params()
-            saved = [self.executor.saved_row_bytes(o, params, chunk) for o in range(len(self.ops))]
-            if self.backward == "auto":
-                saved = [b if b and self._worth_saving(o, b, params) else 0 for o, b in enumerate(saved)]
-            self._saved_bytes[chunk] = tuple(saved)
-        return self._saved_bytes[chunk]
-
-    def _abstract_params(self) -> Any:
-        """The parameters' shapes and dtypes (or the parameters, for a layer whose init needs
-        concrete values)."""
-        try:
-            return jax.eval_shape(self.init, jax.random.key(0))
-        except jax.errors.JAXTypeError:  # host randomness in a layer's init
-            return self.init(jax.random.key(0))
-
-    def _worth_saving(self, o: int, row_bytes: int, params: Any) -> bool:
-        """Whether operation ``o`` costs at least ``SAVE_INTENSITY`` FLOPs per byte it saves (yes
-        when XLA gives no FLOP count)."""
-        if o not in self._flops_per_row:
-            self._flops_per_row[o] = self.executor.flops_per_row(o, params)
-        flops = self._flops_per_row[o]
-        return flops is None or flops >= SAVE_INTENSITY * row_bytes
+        row with chunk size ``chunk`` when a batch saves (``SavePolicy.row_bytes``)."""
+        return self._saving.row_bytes(chunk)
 
     def _build(self, examples: Sequence[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
         with gc_paused():
@@ -409,14 +397,15 @@ class Compiler:
         it the layout that fits it exactly instead, outside that set: one
         compilation per distinct layout, for measuring a batch on its own.
         """
-        batch = self._build_batch(examples)
+        batch = self._saving.decide(self._build_batch(examples))
         if not exact_layout:
             batch = self._layouts.assign(batch)
         self._stats.built(batch)
         return batch
 
     def _build_batch(self, examples: Iterable[Any] | RecordedExamples) -> Batch:
-        """``build_batch`` without counting it in ``stats`` (workers use this)."""
+        """The batch of ``examples`` in its own layout, before the save policy and the layout
+        policy see it, and not counted in ``stats``: NumPy only (workers run this)."""
         if isinstance(examples, RecordedExamples):
             if examples._owner != self._token:
                 raise ValueError("these examples were recorded by another compiler; record them with this one")
@@ -495,15 +484,11 @@ class Compiler:
         stop = len(examples) - len(examples) % batch_size if drop_remainder else len(examples)
         chunks = [examples[order[i:i + batch_size]] if recorded else [examples[j] for j in order[i:i + batch_size]]
                   for i in range(0, stop, batch_size)]
-        if num_workers == 0:
-            for chunk in chunks:
-                yield self.build_batch(chunk)
-            return
-        if self.backward != "recompute":
-            for c in self.chunk_sizes:  # in this process: tracing in a forked child is not safe
-                self.saved_row_bytes(c)
-        for batch in build_ahead(self, chunks, num_workers, self._idle_workers):
-            batch = self._layouts.assign(batch)  # here: layouts are handed out in the batches' order
+        built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
+                 else build_ahead(self, chunks, num_workers, self._idle_workers))
+        # Saving is decided and layouts are handed out here, in the batches' order, the first
+        # layouts planned from a few batches ahead.
+        for batch in self._layouts.stream(map(self._saving.decide, built)):
             self._stats.built(batch)  # counted here: workers have their own copy of the counters
             yield batch
 

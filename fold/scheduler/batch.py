@@ -29,7 +29,8 @@ class BatchLayout(NamedTuple):
     hoist_sizes: tuple = ()   # padded row counts of the hoisted groups (powers of two)
     arena_rows: tuple = ()    # per arena type, rows before its C dump rows (powers of two <= A)
     chunk: int = 128          # C: the most rows of a work item, and each arena's dump rows
-    saved_rows: tuple = ()    # if the backward saves: per loop operation, rows of its saved buffers before C dump rows
+    saved_rows: tuple = ()    # if the backward saves: per loop operation, rows of its saved buffers before C
+    #                           spill rows (set by fold/compiler/saving.py, not by the scheduler)
 
 
 class GroupArrays(NamedTuple):
@@ -73,6 +74,7 @@ class BatchStats(NamedTuple):
     max_depth: int            # deepest node
     rows: int                 # arena rows used by the fullest type (<= size_class)
     type_rows: tuple          # arena rows used, per arena type (constants and node outputs)
+    saved_rows: tuple = ()    # per loop operation, rows its items would save (fold/compiler/saving.py decides)
 
 
 class HostInfo(NamedTuple):

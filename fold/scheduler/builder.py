@@ -181,6 +181,11 @@ class BatchBuilder:
         t = self.model.types[self.v_type[vid]]
         return np.zeros(t.shape, t.dtype) if value is None else np.asarray(value, t.dtype)
 
+    def steps(self, pipe: Any) -> list:
+        """The blocks ``pipe`` runs: its children, or its children with runs of operations fused
+        (``fold/compiler/fusion.py``)."""
+        return self.model.pipe_steps.get(pipe) or pipe.children()
+
     def call(self, block: Any, x: Any) -> Any:
         """Records one call of ``block``'s operation on host value ``x``."""
         return self._callers[self.model.block_ops[block]](x)

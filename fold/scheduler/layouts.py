@@ -11,16 +11,22 @@ them (the same examples and ``C``, a size class at most ``MAX_GROWTH`` times its
 other dimension at most as large: ``fits``) is padded into the cheapest such layout
 (``pad_to``): an operation it lacks gets no work items (its branches are compiled but never
 run), a hoisted or tail group it lacks runs no rows, larger arenas and groups hold rows it
-never reads. A batch that fits none gets a new layout: the *join* (``join``, each dimension's
-maximum) of its own and the latest of its family (same examples, ``C`` and saving), or its own if
-it is the first of its family, with every size at least twice what the batch needs (an arena's
-up to ``ARENA_HEADROOM_CAP`` of the size class): batches vary
-around the powers of two their sizes are rounded to, each in other dimensions, and growing only
-what overflowed took one layout per overflow. The layouts of a family only grow, and most batches
-fit the first. Batches of at most ``TINY_BATCH`` examples (single trees) get their exact layout
-first: there, where ``C`` was tuned, padding costs a larger share. Past ``max_layouts`` a batch
-is padded into any layout it fits, whatever the size class, and only a batch that fits none
-compiles (with a warning, once).
+never reads.
+
+A stream of batches (``Compiler.batches``) gets its first layout of each *family* (batches of
+the same examples, ``C`` and saving) *planned* from its first ``PLAN_AHEAD`` batches
+(``LayoutPolicy.plan``): the join of their layouts (``join``, each dimension's maximum), each
+size at least the sample's mean need plus ``SPREAD`` standard deviations. Random models'
+epochs then compiled once for their full batches and once for the last, partial one.
+
+A batch that fits no layout gets a new one: the join of its own and the latest of its family,
+with headroom on every size it overflowed (at least twice its need, an arena's up to
+``ARENA_HEADROOM_CAP`` of the size class: growing by the exact need took one layout per
+overflow), or, first of its family outside a stream, its own with headroom on every size. The
+layouts of a family only grow. Batches of at most ``TINY_BATCH`` examples (single trees) get
+their exact layout first: there, where ``C`` was tuned, padding costs a larger share. Past
+``max_layouts`` a batch is padded into any layout it fits, whatever the size class, and only a
+batch that fits none compiles (with a warning, once).
 
 Padding costs rows computed for nothing: ``computed_rows`` counts what a batch's layout makes
 the device compute, against its ``num_nodes``.
@@ -28,16 +34,18 @@ the device compute, against its ``num_nodes``.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, MetricArrays
-from fold.scheduler.schedule import TINY_BATCH, item_sizes, piece_rows
+from fold.scheduler.schedule import TINY_BATCH, item_sizes, next_pow2, padded_rows, piece_rows
 
-__all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "LayoutPolicy", "computed_rows", "fits", "join", "pad_to"]
+__all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "PLAN_AHEAD", "SPREAD", "LayoutPolicy", "computed_rows", "empty", "fits",
+           "join", "pad_to"]
 
 logger = logging.getLogger("fold")
 
@@ -45,6 +53,13 @@ logger = logging.getLogger("fold")
 # and their cotangents, so doubling a large arena cost a random model 1.43x the device time of its
 # exact layouts; the fullest arena is A rows whatever the headroom.
 ARENA_HEADROOM_CAP = 0.25
+
+# ``stream`` plans each family's first layout from this many batches: enough to see the spread of
+# a model's sizes, few enough that the first step does not wait long.
+PLAN_AHEAD = 16
+
+# A planned size class holds the sample's mean need plus this many standard deviations.
+SPREAD = 4.0
 
 # A batch is padded into a layout of at most this many times its own size class (before the
 # budget is spent): a larger size class costs larger index arrays and arenas, not more loop work.
@@ -123,15 +138,16 @@ def _merge(a_ops: tuple, a_sizes: tuple, b_ops: tuple, b_sizes: tuple,
 
 def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
     """The smallest layout both ``a`` and ``b`` fit (same examples, ``C`` and saving). With
-    ``headroom``, every size is at least twice what ``b`` needs (up to the size class, an arena's
-    up to ``ARENA_HEADROOM_CAP`` of it): the next batches, which straddle the same powers of two
-    in other dimensions, then fit too."""
+    ``headroom``, every size where ``b`` needs more than ``a`` has is at least twice what ``b``
+    needs (up to the size class, an arena's up to ``ARENA_HEADROOM_CAP`` of it): the next
+    batches, which straddle the same powers of two, then fit too; ``join(empty(b), b, True)``
+    gives ``b`` headroom everywhere."""
     if _kind(a) != _kind(b):
         raise ValueError(f"layouts of different examples, C or saving have no join: {a} and {b}")
     A = max(a.size_class, b.size_class)
 
     def grow(have: int, need: int, cap: int = A) -> int:
-        return max(have, need, min(cap, 2 * need)) if headroom else max(have, need)
+        return max(need, min(cap, 2 * need)) if headroom and need > have else max(have, need)
 
     loop_ops = tuple(sorted(set(a.loop_ops) | set(b.loop_ops)))
     saved_rows = ()
@@ -147,6 +163,12 @@ def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
                        tail_ops, tail_sizes, hoist_sizes,
                        tuple(grow(x, y, int(ARENA_HEADROOM_CAP * A)) for x, y in zip(a.arena_rows, b.arena_rows)),
                        a.chunk, saved_rows)
+
+
+def empty(layout: BatchLayout) -> BatchLayout:
+    """``layout`` with no rows anywhere: what ``join`` grows a family's first layout from."""
+    return layout._replace(tail_sizes=(0,) * len(layout.tail_sizes), hoist_sizes=(0,) * len(layout.hoist_sizes),
+                           arena_rows=(0,) * len(layout.arena_rows), saved_rows=(0,) * len(layout.saved_rows))
 
 
 def _grow(x: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
@@ -224,6 +246,60 @@ class LayoutPolicy:
         self.layouts: list[BatchLayout] = []
         self._warned = False
 
+    def stream(self, batches: Iterable[Batch], ahead: int | None = None) -> Iterator[Batch]:
+        """``batches`` assigned layouts in order, the first layout of each family planned from the
+        first ``ahead`` (default ``PLAN_AHEAD``) batches (``plan``). A batch that raises while
+        building is raised when the stream reaches it, after the batches before it."""
+        ahead = PLAN_AHEAD if ahead is None else ahead
+        batches = iter(batches)
+        sample: list[Batch] = []
+        error = None
+        try:
+            while len(sample) < ahead and (batch := next(batches, None)) is not None:
+                sample.append(batch)
+        except Exception as e:  # raised in its place in the stream, below
+            error = e
+        self.plan(sample)
+        for batch in sample:
+            yield self.assign(batch)
+        if error is not None:
+            raise error
+        for batch in batches:
+            yield self.assign(batch)
+
+    def plan(self, sample: Sequence[Batch]) -> None:
+        """Hands out one layout for each family of ``sample`` that has none yet (batches of more
+        than ``TINY_BATCH`` examples), large enough for the batches that will follow: the join of
+        the sample's layouts, its size class, arenas, groups and saved buffers at least the
+        sample's mean need plus ``SPREAD`` standard deviations (rounded up as the schedule rounds
+        them). Measured needs, unlike ``join``'s headroom, leave no headroom where sizes do not
+        vary, and larger groups run in larger pieces, so headroom costs rows computed."""
+        kinds = {_kind(b.layout) for b in sample} - {_kind(layout) for layout in self.layouts}
+        for kind in sorted(kinds):
+            members = [b for b in sample if _kind(b.layout) == kind]
+            if kind[0] <= TINY_BATCH:
+                continue
+            joined = functools.reduce(join, (b.layout for b in members))
+            A = max(joined.size_class, next_pow2(_bound([max(b.stats.rows, b.stats.num_nodes) for b in members])))
+
+            def bounded(have: tuple, needs: list[np.ndarray]) -> tuple:
+                rows = [padded_rows(_bound(n)) for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
+                return tuple(max(h, min(A, r)) for h, r in zip(have, rows))
+
+            saved = [[dict(zip(b.layout.loop_ops, b.layout.saved_rows)).get(o, 0) for o in joined.loop_ops]
+                     for b in members]
+            layout = joined._replace(
+                size_class=A,
+                arena_rows=bounded(joined.arena_rows, [b.stats.type_rows for b in members]),
+                hoist_sizes=bounded(joined.hoist_sizes, [_group_rows(b.arrays.hoist, b.layout.hoist_ops,
+                                                                     b.layout.hoist_sizes, joined.hoist_ops,
+                                                                     joined.hoist_sizes) for b in members]),
+                tail_sizes=bounded(joined.tail_sizes, [_group_rows(b.arrays.tail, b.layout.tail_ops,
+                                                                   b.layout.tail_sizes, joined.tail_ops,
+                                                                   joined.tail_sizes) for b in members]),
+                saved_rows=bounded(joined.saved_rows, saved) if joined.saved_rows else ())
+            self._hand_out(layout, f"planned from {len(members)} of the batches ahead")
+
     def assign(self, batch: Batch) -> Batch:
         """``batch`` padded into a layout handed out before, or into a new one."""
         need = batch.layout
@@ -235,19 +311,38 @@ class LayoutPolicy:
         if family:
             layout = join(family[-1], need, headroom=True)
         else:  # tiny batches (single trees) run exactly what they need: the measured tuning of C did
-            layout = join(need, need, headroom=need.num_examples > TINY_BATCH)
-        reason = (f"grows layout {self.layouts.index(family[-1]) + 1} to hold the batch" if family
-                  else "the first of its examples, C and saving")
-        self.layouts.append(layout)
-        logger.info("fold: layout %d (%s): A=%d, B=%d, C=%d, %d loop operations, %d hoisted and %d tail groups",
-                    len(self.layouts), reason, layout.size_class, layout.num_examples, layout.chunk,
-                    len(layout.loop_ops), len(layout.hoist_ops), len(layout.tail_ops))
+            layout = join(empty(need), need, headroom=need.num_examples > TINY_BATCH)
+        if layout in self.layouts:  # a batch of a smaller size class than MAX_GROWTH allows: none larger
+            return pad_to(batch, layout, self.type_shapes)
+        self._hand_out(layout, f"grows layout {self.layouts.index(family[-1]) + 1} to hold the batch" if family
+                       else "the first of its examples, C and saving")
         if over and not self._warned:
             self._warned = True
             logger.warning("fold: %d layouts, past max_layouts=%d: a batch of %d examples with C=%d fits none of "
                            "them, so it compiles a layout of its own (batches of a new example count or C "
                            "always do)", len(self.layouts), self.max_layouts, need.num_examples, need.chunk)
         return pad_to(batch, layout, self.type_shapes)
+
+    def _hand_out(self, layout: BatchLayout, reason: str) -> None:
+        self.layouts.append(layout)
+        logger.info("fold: layout %d (%s): A=%d, B=%d, C=%d, %d loop operations, %d hoisted and %d tail groups",
+                    len(self.layouts), reason, layout.size_class, layout.num_examples, layout.chunk,
+                    len(layout.loop_ops), len(layout.hoist_ops), len(layout.tail_ops))
+
+
+def _bound(needs: Sequence[int]) -> int:
+    """What a sample's ``needs`` say later batches need: their largest, or their mean plus
+    ``SPREAD`` standard deviations if that is more."""
+    x = np.asarray(needs, np.float64)
+    return int(np.ceil(max(x.max(), x.mean() + SPREAD * x.std(ddof=1 if len(x) > 1 else 0))))
+
+
+def _group_rows(groups: GroupArrays, ops: tuple, sizes: tuple, into_ops: tuple, into_sizes: tuple) -> np.ndarray:
+    """Rows of each group of ``into_ops`` that a batch with ``groups`` (of ``ops`` and ``sizes``)
+    fills once padded into them (0 where it has none)."""
+    rows = np.zeros(len(into_ops), np.int64)
+    rows[_embed(ops, sizes, into_ops, into_sizes)] = groups.count
+    return rows
 
 
 def _cost(layout: BatchLayout) -> tuple:

@@ -175,6 +175,10 @@ class Emitter:
     def walk_call(self, block: Any, x: str) -> str:
         return f"_walk({self.bind(block, 'b')}, {x}, ctx)"
 
+    def steps(self, pipe: Any) -> list:
+        """The blocks ``pipe`` runs (see ``BatchBuilder.steps``)."""
+        return self.model.pipe_steps.get(pipe) or pipe.children()
+
     def call(self, block: Any, x: str) -> str:
         """One call of ``block``'s operation on host value ``x``."""
         o = self.model.block_ops[block]

@@ -26,7 +26,6 @@ its rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,15 +34,9 @@ from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, BatchStats, Gr
 from fold.scheduler.builder import Recorded
 
 __all__ = ["InvalidConstant", "check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes",
-           "saved_buffer_bytes", "piece_rows", "MIN_ITEM", "PIECES"]
+           "piece_rows", "padded_rows", "MIN_ITEM", "PIECES"]
 
 MIN_ITEM = 8
-# A loop operation's saved buffers (backward="save", or "auto" when they fit) have at least
-# A // SAVED_SHARE rows: loop rows are a minority of a tree's nodes (SST: about an eighth, a quarter
-# of A once items are padded), so most batches get exactly that, a size fixed by A that adds no
-# compilations of its own (per-batch powers of two doubled the layouts of a multi-operation model).
-SAVED_SHARE = 4
-
 # What a loop item costs besides its rows, in rows: ``pick_chunk`` prices an item of C rows at
 # ITEM_OVERHEAD + C. Measured on a 2-core CPU (SST and Table 1 training steps, C = 512 against
 # 128): batches whose 512-row items held 1.65-1.71x the rows of their 128-row items ran 6-8 %
@@ -111,15 +104,6 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int,
         chunks = tuple(c for c in chunks if c >= SMALL_CHUNK)
     costs = [int(np.sum(-(-group_rows // c))) * (ITEM_OVERHEAD + c) for c in chunks]
     return chunks[int(np.argmin(costs))]
-
-
-def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chunk: int) -> int:
-    """Bytes of a batch's saved buffers: per loop operation, its saved rows plus ``chunk`` spill rows
-    (an item writes ``chunk`` rows, so its operation's last one runs past its saved rows) times
-    the bytes it saves per row (``Compiler.saved_row_bytes``). This is what the executor's
-    ``_SavedBuffers`` allocates, whichever operations share a buffer: the ``backward="auto"``
-    bound compares it with ``save_limit``."""
-    return sum((rows + chunk) * b for rows, b in zip(saved_rows, row_bytes))
 
 
 class InvalidConstant(Exception):
@@ -329,22 +313,6 @@ def _items(model: Any, groups: _Groups, chunks: _Chunks, chunk: int, out_starts:
     return out
 
 
-def _saved_rows(model: Any, items: _Items, A: int, chunk: int) -> tuple:
-    """Per loop operation, the rows of its saved buffers, or () when the batch does not save: under
-    ``backward="recompute"``, when nothing is worth saving, or under ``"auto"`` when the buffers
-    would take more than ``save_limit`` bytes. Operations that save nothing get no buffer (and
-    no size in the layout to compile for)."""
-    if model.backward == "recompute":
-        return ()
-    op_bytes = model.saved_row_bytes(chunk)
-    row_bytes = [op_bytes[o] for o in items.loop_ops]
-    saved_rows = tuple(max(padded_rows(r), A // SAVED_SHARE) if b else 0 for r, b in zip(items.saved_rows, row_bytes))
-    saved_bytes = saved_buffer_bytes(saved_rows, row_bytes, chunk)
-    if not saved_bytes or (model.backward == "auto" and saved_bytes > model.save_limit):
-        return ()
-    return saved_rows
-
-
 def _item_arrays(items: _Items, A: int, dump_row: np.ndarray) -> tuple:
     """``items_branch``, ``items_node``, ``items_count``, ``items_out`` and ``items_saved``, each
     padded to ``A`` items."""
@@ -424,7 +392,6 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     hoist_ops, hoist = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] == 1])
     tail_ops, tail = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] > loop_depth])
     items = _items(model, groups, chunks, chunk, out_starts)
-    saved_rows = _saved_rows(model, items, A, chunk)
     branch, node, count, items_out, saved = _item_arrays(items, A, dump_row)
     consts = _const_tables(rec, arena_rows)
     arrays = BatchArrays(consts, _input_rows(model, rec, groups, v_row, A + chunk), hoist, tail, branch, node,
@@ -432,8 +399,8 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
                          [v_row[r].astype(np.int32) for r in roots], _metric_arrays(rec, v_row, A))
     layout = BatchLayout(A, num_examples, items.loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,
                          tuple(map(padded_rows, tail.count.tolist())), tuple(map(padded_rows, hoist.count.tolist())),
-                         arena_rows, chunk, saved_rows)
+                         arena_rows, chunk)
     host = HostInfo(rec.v_type, v_row) if keep_host else None
     stats = BatchStats(len(rec.n_op), len(items.branch), int(n_depth.max()) if len(n_depth) else 0,
-                       int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()))
+                       int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()), tuple(items.saved_rows))
     return Batch(arrays, layout, host, stats)

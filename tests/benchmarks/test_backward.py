@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from benchmarks import backward
-from fold.compiler.compiler import BACKWARDS
+from fold.compiler.saving import BACKWARDS
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
 

@@ -15,7 +15,8 @@ import pytest
 import fold as fd
 from examples import weave
 from fold.compiler.executor import _SavedBuffers
-from fold.scheduler.schedule import item_sizes, padded_rows, saved_buffer_bytes
+from fold.compiler.saving import saved_buffer_bytes
+from fold.scheduler.schedule import item_sizes, padded_rows
 from tests.compiler.test_randomness import _functions
 from tests.models import MODELS, enable_x64
 
@@ -225,11 +226,27 @@ def test_saved_row_bytes_of_a_layer_whose_init_cannot_be_traced():
     assert compiler.build_batch([[[1.0, 2.0]] * 5]).layout.saved_rows
     # ``auto`` also counts its FLOPs from concrete parameters: 4 * 2 per row, too few to save.
     auto = fd.Compiler.create(model)
-    assert auto.saved_row_bytes(128)[o] == 0 and auto._flops_per_row[o] >= 16
+    assert auto.saved_row_bytes(128)[o] == 0 and auto._saving.flops_per_row[o] >= 16
+
+
+def test_the_scheduler_never_prices_saving(monkeypatch):
+    """Building a batch is NumPy only (workers run it): the save policy, which traces JAX, decides
+    afterwards in the compiler's process."""
+    compiler = fd.Compiler.create(_fc_fold(128), chunk_size=8)
+
+    def traced(*args):
+        raise AssertionError("the scheduler priced saving")
+
+    monkeypatch.setattr(compiler.executor, "saved_row_bytes", traced)
+    monkeypatch.setattr(compiler.executor, "flops_per_row", traced)
+    batch = compiler._build_batch([[[1.0] * 128] * 5])
+    assert batch.layout.saved_rows == () and batch.stats.saved_rows
+    monkeypatch.undo()
+    assert compiler._saving.decide(batch).layout.saved_rows
 
 
 def test_auto_decides_the_same_in_workers():
-    """Workers (forked) see the byte counts the parent computed before forking, and decide alike."""
+    """Batches built by workers (forked) are decided in the parent, as build_batch decides."""
     examples = [[[1.0] * 128] * n for n in range(1, 13)]
     compiler = fd.Compiler.create(_fc_fold(128), chunk_size=8)
     built = list(compiler.batches(examples, 4, num_workers=1))

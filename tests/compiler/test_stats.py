@@ -41,7 +41,7 @@ def test_counts_batches_that_save_matmul_outputs():
                                                                   fd.FromTensor(jax.numpy.zeros(w))),
                                   save_limit=2**16)
     row = [1.0] * w
-    small, big = compiler.build_batch([[row] * 3]), compiler.build_batch([[row] * 300])
+    small, big = compiler.build_batch([[row] * 6]), compiler.build_batch([[row] * 300])
     assert small.layout.saved_rows and not big.layout.saved_rows  # 300 loop rows: over 64 KiB
     assert compiler.stats().saving == 1
 

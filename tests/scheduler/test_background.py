@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fold as fd
-from fold.scheduler import background
+from fold.scheduler import background, layouts
 
 
 def _model() -> fd.Compiler:
@@ -79,16 +79,18 @@ def test_a_dead_worker_raises_instead_of_hanging():
 
 
 @pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
-def test_a_worker_killed_halfway_through_sending_a_batch_raises():
+def test_a_worker_killed_halfway_through_sending_a_batch_raises(monkeypatch):
     # Batches far larger than a pipe's buffer: while the consumer is not
     # reading, each worker blocks halfway through writing its next batch.
     # Killing it there leaves half a message, which must read as a dead
     # worker (ProcessPoolExecutor's result thread hung on this forever).
+    monkeypatch.setattr(layouts, "PLAN_AHEAD", 2)
     compiler = _model()
-    data = [[1.0] * 50_000] * 12
+    data = [[1.0] * 50_000] * (4 * (layouts.PLAN_AHEAD + 4))
     assert len(pickle.dumps(compiler.build_batch(data[:4]))) > 4 * 2**20
     gen = compiler.batches(data, 4, num_workers=2)
-    next(gen)
+    for _ in range(layouts.PLAN_AHEAD):  # the first layout is planned from PLAN_AHEAD batches, read at once
+        next(gen)
     workers = [p for p in multiprocessing.active_children() if p.name == "fold-batch-builder"]
     assert len(workers) == 2
     time.sleep(3.0)  # both workers build their next batch and block writing it

@@ -11,7 +11,17 @@ import pytest
 
 import fold as fd
 from benchmarks.random_models import random_model
-from fold.scheduler.layouts import ARENA_HEADROOM_CAP, MAX_GROWTH, computed_rows, fits, join, pad_to
+from fold.scheduler.layouts import (
+    ARENA_HEADROOM_CAP,
+    MAX_GROWTH,
+    PLAN_AHEAD,
+    LayoutPolicy,
+    computed_rows,
+    empty,
+    fits,
+    join,
+    pad_to,
+)
 from tests.scheduler.test_row_ownership import replay_writes
 
 
@@ -29,9 +39,9 @@ def test_a_padded_batch_computes_what_the_exact_one_does(seed):
     """Two batches of one random model, each padded into the join of both layouts: every row is
     still written once and read after (host replay), and outputs and gradients are the exact
     batch's."""
-    model = random_model(seed, n=12)
+    model = random_model(seed, n=24)
     compiler = fd.Compiler.create(model.block, backward=("save", "recompute")[seed % 2], chunk_size=(8, 16)[seed % 2])
-    first, second = _exact(compiler, model.examples[:6]), _exact(compiler, model.examples[6:])
+    first, second = _exact(compiler, model.examples[:12]), _exact(compiler, model.examples[12:])
     target = join(first.layout, second.layout, headroom=bool(seed % 3))
     assert fits(first.layout, target, None) and fits(second.layout, target, None)
     params = compiler.init(jax.random.key(seed))
@@ -64,12 +74,19 @@ def test_join_merges_tail_sequences_in_order_and_grows_with_headroom():
     for layout in (a, b):  # each batch's tail groups, in its order, in the merged sequence
         it = iter(both.tail_ops)
         assert all(any(o == p for p in it) for o in layout.tail_ops)
-    roomy = join(a, b, headroom=True)
+    roomy = join(a, b, headroom=True)  # headroom where b needs more than a has, only
     cap = int(ARENA_HEADROOM_CAP * roomy.size_class)
-    assert all(max(n, min(cap, 2 * n)) <= m for n, m in zip(b.arena_rows, roomy.arena_rows))
-    hoisted = dict(zip(roomy.hoist_ops, roomy.hoist_sizes))
-    assert all(min(roomy.size_class, 2 * n) <= hoisted[o] for o, n in zip(b.hoist_ops, b.hoist_sizes))
+    for have, n, m in zip(a.arena_rows, b.arena_rows, roomy.arena_rows):
+        assert m == (max(n, min(cap, 2 * n)) if n > have else max(have, n))
+    hoisted, had = dict(zip(roomy.hoist_ops, roomy.hoist_sizes)), dict(zip(a.hoist_ops, a.hoist_sizes))
+    for o, n in zip(b.hoist_ops, b.hoist_sizes):
+        assert hoisted[o] == (min(roomy.size_class, 2 * n) if n > had.get(o, 0) else had[o])
     assert fits(both, roomy, None)
+    first = join(empty(b), b, headroom=True)  # a family's first layout: headroom everywhere
+    assert all(m == max(n, min(int(ARENA_HEADROOM_CAP * b.size_class), 2 * n))
+               for n, m in zip(b.arena_rows, first.arena_rows))
+    assert all(m == min(b.size_class, 2 * n) for n, m in zip(b.hoist_sizes + b.tail_sizes,
+                                                            first.hoist_sizes + first.tail_sizes))
 
 
 def test_fits_needs_the_same_examples_and_bounds_the_growth():
@@ -121,3 +138,34 @@ def test_past_the_budget_batches_pad_into_any_layout_they_fit_and_a_misfit_warns
 def test_max_layouts_is_validated(bad):
     with pytest.raises(ValueError, match="max_layouts"):
         fd.Compiler.create(fd.Map(fd.Scalar()) >> fd.Sum(), max_layouts=bad)
+
+
+def test_batches_plan_one_layout_for_the_full_batches_from_a_few_ahead(caplog):
+    """Grown from the first batch, this model's full batches took several layouts; planned from
+    PLAN_AHEAD batches (their join, the size class and arenas bounded by the spread), one holds
+    every full batch, and the last partial batch gets its own."""
+    n = 2000
+    model = random_model(5, n=n, depth=3)
+    compiler = fd.Compiler.create(model.block, chunk_size=128)
+    recorded = compiler.record(model.examples)
+    with caplog.at_level(logging.INFO, logger="fold"):
+        batches = list(compiler.batches(recorded, 64, shuffle=True, seed=5))
+    assert f"planned from {PLAN_AHEAD} of the batches ahead" in caplog.text
+    assert len({b.layout for b in batches[:-1]}) == 1 and batches[-1].layout.num_examples == n % 64
+    assert compiler.stats().layouts == 2
+    order = np.random.default_rng(5).permutation(n)
+    grown = LayoutPolicy(_shapes(compiler), 8)
+    for i in range(0, n - n % 64, 64):
+        grown.assign(_exact(compiler, recorded[order[i:i + 64]]))
+    assert len(grown.layouts) > 1
+
+
+def test_an_error_while_planning_ahead_is_raised_after_the_batches_before_it():
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar()) >> fd.Sum(), chunk_size=8)
+    examples = [[1.0, 2.0]] * 20 + [["x"]] + [[1.0]] * 20
+    seen = []
+    with pytest.raises(ValueError, match="expected a number"):
+        for batch in compiler.batches(examples, 5):
+            seen.append(batch)
+    assert len(seen) == 4
+    np.testing.assert_allclose(compiler.apply(compiler.init(jax.random.key(0)), seen[0]).outputs, [3.0] * 5)
