@@ -186,21 +186,27 @@ def random_model_epoch(seed: int, n: int, batch_size: int, chunk_sizes: list[int
             "device_seconds": padded_s, "exact_device_seconds": exact_s, "device_ratio": padded_s / exact_s}
 
 
-def compile_seconds_by_chunk(seed: int, n: int, batch_size: int, chunks: tuple = (32, 128, 512)) -> dict:
-    """Seconds to trace and compile random model ``seed``'s training step for one batch, per C: the
-    executor compiles a branch per (loop operation, item size), and C = 2^k has k - 2 sizes."""
-    out = {}
-    for chunk in chunks:
-        model = random_models.random_model(seed, n=batch_size, depth=3)  # a block lives in one model only
-        compiler = fd.Compiler.create(_loss_model(model), chunk_size=chunk)
-        optimizer = optax.adam(1e-3)
-        params = compiler.init(jax.random.key(0))
-        batch = compiler.build_batch(model.examples)
-        step = make_train_step(compiler, optimizer)
-        start = time.perf_counter()
-        step.lower(params, optimizer.init(params), batch, jax.random.key(0)).compile()
-        out[str(chunk)] = {"seconds": time.perf_counter() - start, "loop_operations": len(batch.layout.loop_ops)}
-    return out
+def step_compile_seconds(seed: int, batch_size: int, chunk: int | tuple = CHUNK_SIZES, fuse: bool = True) -> dict:
+    """Seconds to trace and compile random model ``seed``'s training step for one batch, with its
+    operations and loop operations: the executor compiles a branch per (loop operation, item
+    size), and C = 2^k has k - 2 sizes."""
+    model = random_models.random_model(seed, n=batch_size, depth=3)  # a block lives in one model only
+    compiler = fd.Compiler.create(_loss_model(model), chunk_size=chunk, fuse=fuse)
+    optimizer = optax.adam(1e-3)
+    params = compiler.init(jax.random.key(0))
+    batch = compiler.build_batch(model.examples)
+    step = make_train_step(compiler, optimizer)
+    start = time.perf_counter()
+    step.lower(params, optimizer.init(params), batch, jax.random.key(0)).compile()
+    seconds = time.perf_counter() - start
+    jax.clear_caches()
+    return {"seconds": seconds, "operations": len(compiler.ops), "loop_operations": len(batch.layout.loop_ops)}
+
+
+def _fused_and_not(row: dict, key: str, fmt: str = "{}") -> str:
+    """``row``'s step-compile ``key`` fused, then unfused in brackets."""
+    fused, unfused = row["step_compile"]["True"][key], row["step_compile"]["False"][key]
+    return f"{fmt.format(fused)} ({fmt.format(unfused)})"
 
 
 def random_main(args: argparse.Namespace) -> dict:
@@ -208,6 +214,9 @@ def random_main(args: argparse.Namespace) -> dict:
     rows = []
     for seed in range(models):
         row = random_model_epoch(seed, n, args.batch_size, args.chunk_size)
+        if not args.quick:
+            row["step_compile"] = {str(fuse): step_compile_seconds(seed, args.batch_size, fuse=fuse)
+                                   for fuse in (True, False)}
         rows.append(row)
         # Each model leaves dozens of executables (its exact layouts) in JAX's caches; LLVM ran out
         # of mappable memory after three models without this.
@@ -230,7 +239,13 @@ def random_main(args: argparse.Namespace) -> dict:
     print(f"compilations per epoch: max {summary['max_compilations']} (goal <= {RANDOM_GOAL}), median "
           f"{summary['median_compilations']:.1f} (goal <= {RANDOM_MEDIAN_GOAL}); device time: at most "
           f"{summary['max_device_ratio']:.2f}x exact fit (goal <= {DEVICE_GOAL})")
-    by_chunk = {} if args.quick else compile_seconds_by_chunk(0, n, args.batch_size)
+    by_chunk = {} if args.quick else {str(c): step_compile_seconds(0, args.batch_size, c) for c in (32, 128, 512)}
+    if not args.quick:
+        print_table("compile seconds of one training step, operations fused (fuse=True) and not",
+                    ["seed", "ops (unfused)", "loop ops (unfused)", "compile s (unfused)"],
+                    [[r["seed"], _fused_and_not(r, "operations"), _fused_and_not(r, "loop_operations"),
+                      _fused_and_not(r, "seconds", "{:.1f}")]
+                     for r in rows])
     if by_chunk:
         print("compile seconds of model 0's step by C: " + ", ".join(
             f"C={c}: {r['seconds']:.1f} s" for c, r in by_chunk.items()))

@@ -41,18 +41,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from fold.blocks.types import Type, convert_to_type
+from fold.errors import LeafError, set_type, type_error
 
-__all__ = ["Block", "convert_to_block", "Repeat", "type_error", "LeafError", "run_leaf"]
+__all__ = ["Block", "convert_to_block", "Repeat", "run_leaf", "unify"]
 
 _scopes = threading.local()
-
-
-class LeafError(Exception):
-    """An error of a leaf run by its parent with ``run_leaf``: the driver unwraps it."""
-
-    def __init__(self, block: Block, label: Any, error: Exception):
-        super().__init__(error)
-        self.block, self.label, self.error = block, label, error
 
 
 def run_leaf(block: Block, x: Any, ctx: Any, label: Any = None) -> Any:
@@ -90,17 +83,19 @@ class Repeat:
         return f"Repeat({self.value!r})"
 
 
-def type_error(a: Block, a_type: Any, b: Block, b_type: Any, how: str, detail: str = "") -> TypeError:
-    """A TypeError naming both blocks and both types, marked as already explained."""
-    msg = f"type mismatch: {a!r} {how} {a_type} but {b!r} has {b_type}"
-    if detail:
-        msg += f" ({detail})"
-    err = TypeError(msg)
-    err._fold_explained = True  # type: ignore[attr-defined]
-    return err
+class _BlockMeta(type):
+    """Runs a block's inference once its constructor has set every field: ``_infer`` never sees a
+    half-built block (types set while it is built, by ``Block.__init__`` or by its children, wait
+    until then)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        block = super().__call__(*args, **kwargs)
+        block._ready = True
+        block._infer()
+        return block
 
 
-class Block:
+class Block(metaclass=_BlockMeta):
     """Base class of all blocks.
 
     Subclasses set ``_leaf`` and implement ``_host_leaf`` or ``_host``;
@@ -110,6 +105,7 @@ class Block:
     """
 
     _leaf = False
+    _ready = False  # set once the constructor returns (``_BlockMeta``): inference waits for it
     _scoped = True  # registers itself with the enclosing Composition scope
 
     def __init__(self, name: str | None = None, input_type: Any = None, output_type: Any = None):
@@ -181,9 +177,9 @@ class Block:
         """Propagates known types between this block and its children."""
 
     def _changed(self) -> None:
-        self._infer()
-        for listener in list(self._listeners):
-            listener._infer()
+        for block in [self, *self._listeners]:
+            if block._ready:
+                block._infer()
 
     def _listen(self, child: Block) -> None:
         if self not in child._listeners:
@@ -295,13 +291,6 @@ def _side_type(block: Block, side: str) -> Type | None:
     return block.input_type if side == "input" else block.output_type
 
 
-def _set_side(block: Block, side: str, t: Type) -> None:
-    if side == "input":
-        block.set_input_type(t)
-    else:
-        block.set_output_type(t)
-
-
 def unify(a: Block, a_side: str, b: Block, b_side: str) -> None:
     """Makes ``a``'s ``a_side`` type equal to ``b``'s ``b_side`` type.
 
@@ -314,18 +303,10 @@ def unify(a: Block, a_side: str, b: Block, b_side: str) -> None:
         if ta != tb:
             raise type_error(a, ta, b, tb, f"has {a_side} type", f"{b_side} type of {b!r}")
         return
-    try:
-        if ta is not None:
-            _set_side(b, b_side, ta)
-        else:
-            _set_side(a, a_side, tb)
-    except TypeError as e:
-        if getattr(e, "_fold_explained", False):
-            raise
-        raise type_error(
-            a, ta if ta is not None else "(unknown)", b, tb if tb is not None else "(unknown)",
-            f"has {a_side} type", str(e)
-        ) from e
+    # One side is known: set the other, and name both if that fails further on.
+    target, side, t = (b, b_side, ta) if ta is not None else (a, a_side, tb)
+    shown_a, shown_b = ("(unknown)" if x is None else x for x in (ta, tb))
+    set_type(target, side, t, lambda e: type_error(a, shown_a, b, shown_b, f"has {a_side} type", str(e)))
 
 
 def convert_to_block(x: Any) -> Block:

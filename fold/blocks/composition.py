@@ -16,8 +16,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from fold.blocks.base import Block, _scope_stack, convert_to_block, run_leaf, type_error, unify
+from fold.blocks.base import Block, _scope_stack, convert_to_block, run_leaf, unify
 from fold.blocks.types import TupleType, VoidType
+from fold.errors import set_type, type_error
 
 __all__ = ["Composition"]
 
@@ -39,7 +40,8 @@ class _Port(Block):
 
     def _infer(self) -> None:
         unify(self, "input", self, "output")
-        self._owner._infer()
+        if self._owner._ready:
+            self._owner._infer()
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
         return x
@@ -132,8 +134,6 @@ class Composition(Block):
 
     # ----------------------------------------------------------------- types
     def _infer(self) -> None:
-        if not hasattr(self, "output"):
-            return
         unify(self, "input", self.input, "output")
         unify(self, "output", self.output, "input")
         for dst, srcs in list(self._sources.items()):
@@ -145,12 +145,8 @@ class Composition(Block):
             if all(o is not None for o in outs):
                 tup = TupleType(*outs)
                 if t is None:
-                    try:
-                        dst.set_input_type(tup)
-                    except TypeError as e:
-                        if getattr(e, "_fold_explained", False):
-                            raise
-                        raise type_error(srcs[0], tup, dst, "(unknown)", "and the other sources give", str(e)) from e
+                    set_type(dst, "input", tup, lambda e, srcs=srcs, tup=tup, dst=dst: type_error(
+                        srcs[0], tup, dst, "(unknown)", "and the other sources give", str(e)))
                 elif t != tup:
                     raise type_error(srcs[0], tup, dst, t, "and the other sources give", "input type")
             elif isinstance(t, TupleType) and len(t) == len(srcs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -47,15 +48,12 @@ class OneOf(Block):
         self.pre_block = None if pre_block is None else self._adopt(pre_block)
         self._cases = {k: self._adopt(b) for k, b in cases}
         self._case_list = [b for _, b in cases]
-        self._infer()
 
     def children(self) -> list[Block]:
         extra = [b for b in (self.key_block, self.pre_block) if b is not None]
         return extra + self._case_list
 
     def _infer(self) -> None:
-        if not hasattr(self, "_case_list"):
-            return
         if self.key_block is not None:
             unify(self, "input", self.key_block, "input")
             if self.key_block.output_type is None:
@@ -151,10 +149,10 @@ class ForwardDeclaration(Block):
         return [] if self.target is None else [self.target]
 
     def _infer(self) -> None:
-        if getattr(self, "target", None) is not None:
+        if self.target is not None:
             unify(self, "input", self.target, "input")
             unify(self, "output", self.target, "output")
-        for ref in getattr(self, "_refs", ()):
+        for ref in self._refs:
             unify(self, "input", ref, "input")
             unify(self, "output", ref, "output")
 
@@ -173,14 +171,25 @@ class _Reference(Block):
         return [self.decl]
 
     def _infer(self) -> None:
-        if hasattr(self, "decl"):
-            self.decl._infer()
+        self.decl._infer()
 
     def _host(self, x: Any, ctx: Any):
         target = self.decl.target
         if target is None:
             raise ValueError(f"{self.decl!r} was never resolved: call resolve_to(block)")
-        return (yield target, x, None)
+        # A call on an object that an enclosing call of the same declaration is processing would
+        # repeat it forever (host work is deterministic): a cyclic input (a list that contains
+        # itself), or a recursion that consumes no input (decl() >> Function(f)).
+        call = (id(self.decl), id(x))
+        if call in ctx.recursing:
+            raise ValueError(f"{self.decl!r} is called on an object it is already processing, so it would "
+                             f"recurse forever: the input contains itself ({reprlib.repr(x)}), or the recursion "
+                             "consumes no input")
+        ctx.recursing.add(call)
+        try:
+            return (yield target, x, None)
+        finally:
+            ctx.recursing.discard(call)
 
     def _emit(self, em: Any, x: str) -> str:
         return em.recurse(self.decl, x)

@@ -66,7 +66,13 @@ def to_array(x: Any, ttype: TensorType) -> np.ndarray:
             raise ValueError(f"value {x!r} does not fit in {ttype.dtype}")
     if target.kind == "b" and arr.dtype.kind != "b":
         raise ValueError(f"expected booleans for {ttype}, got {x!r}")
-    return arr.astype(target)
+    if arr.dtype.kind == "c" and target.kind != "c":
+        raise ValueError(f"expected real numbers for {ttype}, got the complex value {x!r}")
+    with np.errstate(over="ignore"):
+        out = arr.astype(target)
+    if target.kind in "fc" and np.any(np.isinf(out) & np.isfinite(arr)):
+        raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {float(np.finfo(target).max):g})")
+    return out
 
 
 @functools.cache
@@ -94,9 +100,11 @@ def scalar_converter(ttype: TensorType) -> Any:
 
         return convert_int
     if target.kind == "f":
+        largest = float(np.finfo(target).max)
 
         def convert_float(x: Any) -> Any:
-            return x if type(x) is float else to_array(x, ttype)
+            # Kept as they are only if the table's cast cannot overflow (NaN goes the slow way too).
+            return x if type(x) is float and -largest <= x <= largest else to_array(x, ttype)
 
         return convert_float
     return None
@@ -107,7 +115,11 @@ def _scalar(x: int | float, ttype: TensorType) -> np.generic:
     target = _np_dtype(ttype.dtype)
     kind = target.kind
     if kind == "f":
-        return target.type(x)
+        with np.errstate(over="ignore"):
+            value = target.type(x)
+        if math.isinf(value) and math.isfinite(x):
+            raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {float(np.finfo(target).max):g})")
+        return value
     if kind in "iu":
         if type(x) is float and not (math.isfinite(x) and x == int(x)):
             raise ValueError(f"expected integers for {ttype}, got {x!r}")
@@ -342,14 +354,11 @@ class Optional(Block):
         self.none_case = None if none_case is None else self._adopt(none_case)
         if self.none_case is not None:
             self.none_case.set_input_type(VoidType())
-        self._infer()
 
     def children(self) -> list[Block]:
         return [b for b in (self.some_case, self.none_case) if b is not None]
 
     def _infer(self) -> None:
-        if not hasattr(self, "none_case"):
-            return
         unify(self, "input", self.some_case, "input")
         if self.none_case is None and self.output_type is not None:
             self.none_case = self._adopt(Zeros(self.output_type))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from fold.blocks.base import Block, is_block_like, run_leaf, type_error, unify
+from fold.blocks.base import Block, is_block_like, run_leaf, unify
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -18,6 +18,7 @@ from fold.blocks.types import (
     VoidType,
     convert_to_type,
 )
+from fold.errors import set_type, type_error
 
 __all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
 
@@ -43,7 +44,6 @@ class Pipe(Block):
         # A pipe of leaves is a leaf: the walk calls it instead of driving a generator
         # (``a >> b >> c`` nests pipes, so whole chains of leaves fold into one).
         self._leaf = all(b._leaf for b in self._blocks)
-        self._infer()
 
     def children(self) -> list[Block]:
         return list(self._blocks)
@@ -54,9 +54,7 @@ class Pipe(Block):
         return x
 
     def _infer(self) -> None:
-        blocks = getattr(self, "_blocks", None)
-        if not blocks:
-            return
+        blocks = self._blocks
         unify(self, "input", blocks[0], "input")
         for a, b in zip(blocks, blocks[1:]):
             unify(a, "output", b, "input")
@@ -113,7 +111,6 @@ class Record(Block):
         self._fields = [(k, self._adopt(b)) for k, b in _record_fields(named_children)]
         # Error-path labels, fixed per field (formatted only when an error needs them).
         self._labels = [(f"{type(self).__name__}[{{!r}}]", k) for k, _ in self._fields]
-        self._infer()
 
     @property
     def keys(self) -> list[Any]:
@@ -133,9 +130,7 @@ class Record(Block):
             raise TypeError(f"{self!r} takes a PyObject or a tuple, not {t}")
 
     def _infer(self) -> None:
-        fields = getattr(self, "_fields", None)
-        if fields is None:
-            return
+        fields = self._fields
         t = self.input_type
         for k, b in fields:
             if isinstance(t, PyObjectType):
@@ -174,15 +169,7 @@ def _set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> Non
         if cur != t:
             raise type_error(owner, t, child, cur, f"needs {what} of type", f"{side} type of {child!r}")
         return
-    try:
-        if side == "input":
-            child.set_input_type(t)
-        else:
-            child.set_output_type(t)
-    except TypeError as e:
-        if getattr(e, "_fold_explained", False):
-            raise
-        raise type_error(owner, t, child, "(unknown)", f"gives {what} of type", str(e)) from e
+    set_type(child, side, t, lambda e: type_error(owner, t, child, "(unknown)", f"gives {what} of type", str(e)))
 
 
 class AllOf(Block):
@@ -193,13 +180,12 @@ class AllOf(Block):
         self._blocks = [self._adopt(b) for b in blocks]
         if not self._blocks:
             self.set_output_type(VoidType())
-        self._infer()
 
     def children(self) -> list[Block]:
         return list(self._blocks)
 
     def _infer(self) -> None:
-        blocks = getattr(self, "_blocks", None)
+        blocks = self._blocks
         if not blocks:
             return
         for b in blocks:

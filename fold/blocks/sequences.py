@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 
-from fold.blocks.base import Block, Repeat, run_leaf, type_error, unify
-from fold.blocks.inputs import Zeros
+from fold.blocks.base import Block, Repeat, run_leaf, unify
+from fold.blocks.inputs import Zeros, to_array
 from fold.blocks.layers import Layer
 from fold.blocks.plumbing import AllOf, Pipe, _set_child
 from fold.blocks.tensors import Function
@@ -25,6 +24,7 @@ from fold.blocks.types import (
     Type,
     VoidType,
 )
+from fold.errors import type_error
 
 __all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Broadcast", "Zip",
            "ZipWith", "NGrams", "Nth", "Length"]
@@ -45,6 +45,12 @@ def _as_list(block: Block, x: Any) -> list:
         raise TypeError(f"{block!r} cannot iterate over an endless broadcast sequence")
     if x is None or isinstance(x, (int, float)):
         raise TypeError(f"{block!r} expected a sequence, got {x!r}")
+    # Iterating would silently give a dict's keys, or a set's elements in an order that varies
+    # between runs (string hashing is randomised).
+    if isinstance(x, (dict, set, frozenset)):
+        hint = " (for its values or items, put GetItem or InputTransform(lambda d: list(d.items())) before it)" \
+            if isinstance(x, dict) else " (its order varies between runs: give a list, e.g. sorted(...))"
+        raise TypeError(f"{block!r} expected a sequence, got a {type(x).__name__}{hint}")
     try:
         return list(x)
     except TypeError:
@@ -68,7 +74,6 @@ class Map(Block):
     def __init__(self, elem_block: Any, name: str | None = None):
         super().__init__(name)
         self.element_block = self._adopt(elem_block)
-        self._infer()
 
     def children(self) -> list[Block]:
         return [self.element_block]
@@ -127,7 +132,6 @@ class Fold(Block):
         self.combine_block = self._adopt(combine_block)
         self.start_block = self._adopt(start_block)
         _void_input(self, self.start_block)
-        self._infer()
 
     def children(self) -> list[Block]:
         return [self.combine_block, self.start_block]
@@ -136,8 +140,6 @@ class Fold(Block):
         _finite(self, t)
 
     def _infer(self) -> None:
-        if not hasattr(self, "start_block"):
-            return
         unify(self.start_block, "output", self, "output")
         unify(self.combine_block, "output", self, "output")
         acc = self.output_type
@@ -187,7 +189,6 @@ class RNN(Block):
         self.initial_state = None if initial_state is None else self._adopt(initial_state)
         if self.initial_state is not None:
             _void_input(self, self.initial_state)
-        self._infer()
 
     def children(self) -> list[Block]:
         return [b for b in (self.cell, self.initial_state) if b is not None]
@@ -211,8 +212,6 @@ class RNN(Block):
         return None
 
     def _infer(self) -> None:
-        if not hasattr(self, "from_input"):
-            return
         t = self.input_type
         seq = (t[0] if isinstance(t, TupleType) else None) if self.from_input else t
         elem = _element_type(self, seq) if seq is not None else None
@@ -258,7 +257,6 @@ class Reduce(Block):
         self.default_block = None if default_block is None else self._adopt(default_block)
         if self.default_block is not None:
             _void_input(self, self.default_block)
-        self._infer()
 
     def children(self) -> list[Block]:
         return [b for b in (self.combine_block, self.default_block) if b is not None]
@@ -267,8 +265,6 @@ class Reduce(Block):
         _finite(self, t)
 
     def _infer(self) -> None:
-        if not hasattr(self, "default_block"):
-            return
         if self.input_type is not None:
             elem = _element_type(self, self.input_type)
             if not isinstance(elem, PyObjectType):
@@ -440,5 +436,5 @@ class Length(Block):
 
     def _host_leaf(self, x: Any, ctx: Any) -> int:
         n = len(x) if isinstance(x, (list, tuple)) else len(_as_list(self, x))
-        return ctx.const(self._ttype, np.asarray(n, self._ttype.dtype))
+        return ctx.const(self._ttype, to_array(n, self._ttype))
 

@@ -45,6 +45,12 @@ def canonical_dtype(dtype: Any) -> str:
         np_dtype = np.dtype(dtype)
     except TypeError as e:
         raise TypeError(f"not a dtype: {dtype!r}") from e
+    # Numbers and bools that JAX holds in arrays (not strings, objects or NumPy's long double).
+    numeric = np_dtype == np.bool_ or jax.dtypes.issubdtype(np_dtype, np.number)
+    too_wide = np_dtype.itemsize > {"f": 8, "c": 16}.get(np_dtype.kind, 8)
+    if not numeric or too_wide:
+        raise TypeError(f"{dtype!r} is not a dtype JAX arrays hold: use a bool, int, uint, float or complex dtype "
+                        "such as 'float32' or 'int32'")
     return str(jax.dtypes.canonicalize_dtype(np_dtype))
 
 

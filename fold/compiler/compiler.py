@@ -39,15 +39,16 @@ from fold.blocks.types import (
 from fold.compiler.executor import Executor
 from fold.compiler.fusion import Fused, fuse_pipes
 from fold.compiler.result import MetricValues, Result
-from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy
+from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
 from fold.compiler.stats import CompilerStats, StatsRecorder
+from fold.errors import InvalidConstant
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.batch import Batch
-from fold.scheduler.builder import BatchBuilder, gc_paused
+from fold.scheduler.builder import BatchBuilder, ExampleChunk, gc_paused, run_examples
 from fold.scheduler.layouts import LayoutPolicy
 from fold.scheduler.plan import HostPlan, leaf_paths
 from fold.scheduler.records import RecordedExamples, record
-from fold.scheduler.schedule import MIN_ITEM, InvalidConstant, schedule
+from fold.scheduler.schedule import MIN_ITEM, schedule
 from fold.scheduler.walk import walk
 
 __all__ = ["Compiler"]
@@ -313,7 +314,8 @@ class Compiler:
         self._idle_workers = IdlePool()
         weakref.finalize(self, self._idle_workers.close)
         self.executor = Executor(self)
-        self._saving = SavePolicy(backward, int(save_limit), self.executor, self.init)
+        self._param_structs_by_x64: dict[bool, Any] = {}
+        self._saving = SavePolicy(backward, int(save_limit), self.executor, lambda: self._param_structs)
         self._arenas_jit = jax.jit(self.executor.arenas)
         self._apply_jit = jax.jit(self._apply)
         return self
@@ -337,11 +339,39 @@ class Compiler:
         missing = [n for n in self.layers if n not in params]
         if missing:
             raise KeyError(f"params has no entry for layer(s) {missing}; make them with compiler.init")
+        self._check_param_shapes(params)
         out = dict(params)
         for name, (layer, _) in self.layers.items():
             if not layer.trainable:
                 out[name] = jax.lax.stop_gradient(params[name])
         return out
+
+    @property
+    def _param_structs(self) -> Any:
+        """What ``init`` gives: per layer, its parameters' shapes and dtypes (which depend on
+        whether 64-bit types are on)."""
+        x64 = bool(jax.config.jax_enable_x64)
+        if x64 not in self._param_structs_by_x64:
+            self._param_structs_by_x64[x64] = abstract_params(self.init)
+        return self._param_structs_by_x64[x64]
+
+    def _check_param_shapes(self, params: dict) -> None:
+        """Every layer's parameters have the structure, shapes and dtypes ``init`` gives them: a
+        bias of shape (1,) for (4,) or int32 weights would otherwise broadcast or cast silently.
+        Runs where ``apply`` is traced (shapes are static), so once per layout."""
+        for name in sorted(self.layers):
+            want, got = self._param_structs[name], params[name]
+            want_leaves, want_tree = jax.tree_util.tree_flatten_with_path(want)
+            got_leaves, got_tree = jax.tree_util.tree_flatten_with_path(got)
+            if want_tree != got_tree:
+                raise TypeError(f"params[{name!r}] has structure {got_tree}, but layer {name!r} has "
+                                f"{want_tree}; make params with compiler.init")
+            for (path, w), (_, g) in zip(want_leaves, got_leaves):
+                shape, dtype = np.shape(g), (g.dtype if hasattr(g, "dtype") else np.asarray(g).dtype)
+                if shape != w.shape or np.dtype(dtype) != np.dtype(w.dtype):
+                    raise TypeError(f"params[{name!r}]{jax.tree_util.keystr(path)} has shape {shape} and dtype "
+                                    f"{np.dtype(dtype)}, but layer {name!r} needs shape {w.shape} and dtype "
+                                    f"{np.dtype(w.dtype)}; make params with compiler.init")
 
     # -------------------------------------------------------------- batches
     def saved_row_bytes(self, chunk: int) -> tuple[int, ...]:
@@ -349,20 +379,16 @@ class Compiler:
         row with chunk size ``chunk`` when a batch saves (``SavePolicy.row_bytes``)."""
         return self._saving.row_bytes(chunk)
 
-    def _build(self, examples: Sequence[Any], keep_host: bool = False) -> tuple[Batch, BatchBuilder, list]:
+    def _build(self, examples: Sequence[Any], keep_host: bool = False,
+               dataset_indices: Sequence[int] | None = None) -> tuple[Batch, BatchBuilder, list]:
+        builder, outputs = run_examples(self, examples, dataset_indices=dataset_indices)
         with gc_paused():
-            builder = BatchBuilder(self)
-            outputs = []
-            for i, x in enumerate(examples):
-                builder.example_index = i
-                outputs.append(builder.run(x))
-            builder.example_index = None
-            builder.finish()
             roots = self._roots(outputs)
             try:
-                batch = schedule(self, builder.arrays(), roots, len(examples), self.chunk_sizes, keep_host)
+                batch = schedule(self, builder.arrays(), roots, len(examples), self.chunk_sizes, keep_host,
+                                 owner=self._token)
             except InvalidConstant as e:
-                self._raise_invalid_constant(examples, e)
+                self._raise_invalid_constant(examples, e, dataset_indices)
         return batch, builder, outputs
 
     def _roots(self, outputs: list) -> list[np.ndarray]:
@@ -372,13 +398,14 @@ class Compiler:
         ids = np.asarray([flatten_value(v) for v in outputs], np.int64).reshape(len(outputs), -1)
         return [ids[:, leaf] for leaf in range(len(self._root_leaves))]
 
-    def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant) -> NoReturn:
+    def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant,
+                                dataset_indices: Sequence[int] | None = None) -> NoReturn:
         """A layer rejected a constant input (checked for all calls at once): the walk, which checks
         call by call, runs the examples again to raise it like any malformed example, naming the
         first bad one and its block path."""
         for i, x in enumerate(examples):
             again = BatchBuilder(self)
-            again.example_index = i
+            again.example_index, again.dataset_indices = i, dataset_indices
             try:
                 walk(self.root, x, again)
             finally:
@@ -403,7 +430,7 @@ class Compiler:
         self._stats.built(batch)
         return batch
 
-    def _build_batch(self, examples: Iterable[Any] | RecordedExamples) -> Batch:
+    def _build_batch(self, examples: Iterable[Any] | RecordedExamples | ExampleChunk) -> Batch:
         """The batch of ``examples`` in its own layout, before the save policy and the layout
         policy see it, and not counted in ``stats``: NumPy only (workers run this)."""
         if isinstance(examples, RecordedExamples):
@@ -412,7 +439,9 @@ class Compiler:
             if not len(examples):
                 raise ValueError("build_batch needs at least one example")
             rec, roots = examples.merged()
-            return schedule(self, rec, roots, len(examples), self.chunk_sizes, check=False)
+            return schedule(self, rec, roots, len(examples), self.chunk_sizes, check=False, owner=self._token)
+        if isinstance(examples, ExampleChunk):
+            return self._build(examples.examples, dataset_indices=examples.indices)[0]
         examples = list(examples)
         if not examples:
             raise ValueError("build_batch needs at least one example")
@@ -464,7 +493,8 @@ class Compiler:
         forked worker processes while the caller computes (threads where
         ``fork`` is unavailable; see ``fold/scheduler/background.py``). The
         examples travel to the workers by pickle. A malformed example raises
-        in the caller with its natural type; a worker that dies raises
+        in the caller with its natural type, naming its index in
+        ``examples`` (and its position in its batch); a worker that dies raises
         ``RuntimeError``; leaving the loop early shuts the workers down.
         Workers that delivered every batch are kept for the compiler's next
         call: a fork costs the caller a copy-on-write page fault for every
@@ -482,8 +512,8 @@ class Compiler:
         if shuffle:
             order = np.random.default_rng(seed).permutation(len(examples))
         stop = len(examples) - len(examples) % batch_size if drop_remainder else len(examples)
-        chunks = [examples[order[i:i + batch_size]] if recorded else [examples[j] for j in order[i:i + batch_size]]
-                  for i in range(0, stop, batch_size)]
+        chunks = [examples[idx] if recorded else ExampleChunk([examples[j] for j in idx], idx.tolist())
+                  for idx in (order[i:i + batch_size] for i in range(0, stop, batch_size))]
         built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
                  else build_ahead(self, chunks, num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
@@ -513,6 +543,9 @@ class Compiler:
     def _apply(self, params: Any, batch: Batch, key: jax.Array | None = None) -> Result:
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
+        if batch.owner != self._token:
+            raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
+                             "build it with this compiler's build_batch or batches")
         if key is not None and not (isinstance(key, jax.Array) and (
                 jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.shape == (2,))):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
@@ -552,22 +585,15 @@ class Compiler:
     # ------------------------------------------------------------- notebook
     def max_depth(self, example: Any) -> int:
         """Depth of one example's schedule (no device work)."""
-        builder = BatchBuilder(self)
-        builder.example_index = None
-        builder.run(example)
-        builder.finish()
-        return builder.max_depth
+        return run_examples(self, [example], indexed=False)[0].max_depth
 
     def eval_one(self, example: Any, params: Any = None) -> Any:
         """Evaluates one example; see ``Block.eval``."""
         if params is None:
             params = self.init(jax.random.key(0))
-        builder = BatchBuilder(self)
-        builder.example_index = None
-        value = builder.run(example)
-        builder.finish()
+        builder, (value,) = run_examples(self, [example], indexed=False)
         try:
-            batch = schedule(self, builder.arrays(), [], 1, self.chunk_sizes, keep_host=True)
+            batch = schedule(self, builder.arrays(), [], 1, self.chunk_sizes, keep_host=True, owner=self._token)
         except InvalidConstant as e:
             self._raise_invalid_constant([example], e)
         host = batch.host

@@ -23,7 +23,8 @@ from fold.compiler.executor import Executor
 from fold.scheduler.batch import Batch
 from fold.scheduler.schedule import padded_rows
 
-__all__ = ["BACKWARDS", "SAVED_SHARE", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "saved_buffer_bytes"]
+__all__ = ["BACKWARDS", "SAVED_SHARE", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_params",
+           "saved_buffer_bytes"]
 
 BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
 # backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
@@ -56,14 +57,14 @@ class SavePolicy:
       backward: ``"auto"``, ``"save"`` or ``"recompute"`` (see ``Compiler.create``).
       save_limit: under ``"auto"``, the most bytes a batch's saved buffers may take.
       executor: the ``Executor`` whose loop saves (it prices each operation's saved rows and FLOPs).
-      init: the parameters' initialiser (``Compiler.init``), for their shapes.
+      params: the parameters' shapes and dtypes (``abstract_params``), computed when first needed.
     """
 
-    def __init__(self, backward: str, save_limit: int, executor: Executor, init: Callable[[jax.Array], Any]):
+    def __init__(self, backward: str, save_limit: int, executor: Executor, params: Callable[[], Any]):
         self.backward = backward
         self.save_limit = save_limit
         self._executor = executor
-        self._init = init
+        self._params = params
         self._row_bytes: dict[int, tuple[int, ...]] = {}  # C -> per op, saved bytes per loop row
         self.flops_per_row: dict[int, float | None] = {}  # op -> its forward pass's FLOPs per row
 
@@ -73,7 +74,7 @@ class SavePolicy:
         whose forward pass costs fewer than ``SAVE_INTENSITY`` FLOPs per saved byte (cheaper to
         recompute than to keep)."""
         if chunk not in self._row_bytes:
-            params = _abstract_params(self._init)
+            params = self._params()
             saved = [self._executor.saved_row_bytes(o, params, chunk) for o in range(len(self._executor.ops))]
             if self.backward == "auto":
                 saved = [b if b and self._worth_saving(o, b, params) else 0 for o, b in enumerate(saved)]
@@ -110,10 +111,10 @@ class SavePolicy:
         rows = self.saved_rows(batch)
         if rows == batch.layout.saved_rows:
             return batch
-        return Batch(batch.arrays, batch.layout._replace(saved_rows=rows), batch.host, batch.stats)
+        return batch.replace(layout=batch.layout._replace(saved_rows=rows))
 
 
-def _abstract_params(init: Callable[[jax.Array], Any]) -> Any:
+def abstract_params(init: Callable[[jax.Array], Any]) -> Any:
     """The shapes and dtypes ``init`` gives the parameters (or the parameters, for a layer whose
     init needs concrete values)."""
     try:

@@ -89,27 +89,36 @@ class Batch:
 
     It is a JAX pytree, so it can be passed to jitted functions; batches
     with equal layouts share one compilation. ``stats`` (a ``BatchStats``)
-    is host-side only and is None inside traced code.
+    is host-side only and is None inside traced code. ``owner`` identifies
+    the compiler that built it (static, like the layout): a compiler
+    refuses another's batches, whose rows mean another model's values.
     """
 
     def __init__(self, arrays: BatchArrays, layout: BatchLayout, host: HostInfo | None = None,
-                 stats: BatchStats | None = None):
+                 stats: BatchStats | None = None, owner: str | None = None):
         self.arrays = arrays
         self.layout = layout
         self.host = host  # per-value rows, kept for eval; not part of the pytree
         self.stats = stats
+        self.owner = owner
+
+    def replace(self, arrays: BatchArrays | None = None, layout: BatchLayout | None = None) -> Batch:
+        """This batch with other arrays or another layout (same host info, stats and owner)."""
+        return Batch(self.arrays if arrays is None else arrays, self.layout if layout is None else layout,
+                     self.host, self.stats, self.owner)
 
     def __repr__(self) -> str:
         nodes = f", nodes={self.stats.num_nodes}" if self.stats is not None else ""
         return f"Batch(examples={self.layout.num_examples}, size_class={self.layout.size_class}{nodes})"
 
 
-def _flatten_batch(b: Batch) -> tuple[tuple, BatchLayout]:
-    return (b.arrays,), b.layout
+def _flatten_batch(b: Batch) -> tuple[tuple, tuple]:
+    return (b.arrays,), (b.layout, b.owner)
 
 
-def _unflatten_batch(layout: BatchLayout, children: tuple) -> Batch:
-    return Batch(children[0], layout)
+def _unflatten_batch(static: tuple, children: tuple) -> Batch:
+    layout, owner = static
+    return Batch(children[0], layout, owner=owner)
 
 
 def _register() -> None:

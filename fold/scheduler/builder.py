@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,7 +22,7 @@ import numpy as np
 from fold.blocks.types import TensorType
 from fold.scheduler.walk import walk
 
-__all__ = ["BatchBuilder", "Recorded", "gc_paused", "const_table"]
+__all__ = ["BatchBuilder", "ExampleChunk", "Recorded", "gc_paused", "const_table", "run_examples"]
 
 
 @contextlib.contextmanager
@@ -81,6 +81,8 @@ class BatchBuilder:
     def __init__(self, model: Any):
         self.model = model
         self.example_index: int | None = None
+        # Where each example of the batch sits in the dataset the user gave (``Compiler.batches``).
+        self.dataset_indices: Sequence[int] | None = None
         # Per tensor value id: arena (type) index, depth, producing node (-1 for
         # a constant) and position (constant index within its type, or output j).
         self.v_type: list[int] = []
@@ -101,6 +103,8 @@ class BatchBuilder:
         self._shared: dict[Any, int] = {}
         # Per-batch memo for blocks whose host value is the same every call (Zeros).
         self.block_cache: dict[Any, Any] = {}
+        # (declaration, input object) of each recursive call the walk is in (see ``recursing``).
+        self.recursing: set[tuple[int, int]] = set()
         self._plan_run, self._callers, self._const_makers, self._release = model._plan.bind(self)
 
     def run(self, x: Any) -> Any:
@@ -116,6 +120,7 @@ class BatchBuilder:
             return self._plan_run(x, 0)
         except Exception:
             self._rollback(mark)
+        self.recursing.clear()  # what a failed walk left
         return walk(self.model.root, x, self)
 
     def finish(self) -> None:
@@ -181,6 +186,15 @@ class BatchBuilder:
         t = self.model.types[self.v_type[vid]]
         return np.zeros(t.shape, t.dtype) if value is None else np.asarray(value, t.dtype)
 
+    def where(self) -> str:
+        """The current example, as errors name it: its index in the dataset where it has one."""
+        i = self.example_index
+        if i is None:
+            return "the input"
+        if self.dataset_indices is None:
+            return f"example {i}"
+        return f"example {self.dataset_indices[i]} (position {i} in its batch)"
+
     def steps(self, pipe: Any) -> list:
         """The blocks ``pipe`` runs: its children, or its children with runs of operations fused
         (``fold/compiler/fusion.py``)."""
@@ -202,3 +216,30 @@ class BatchBuilder:
         for vids in self.metric_values.values():
             depth = max(depth, 1 + max((self.v_depth[vid] for vid in vids), default=-1))
         return depth
+
+
+def run_examples(model: Any, examples: Sequence[Any], indexed: bool = True,
+                 dataset_indices: Sequence[int] | None = None) -> tuple[BatchBuilder, list]:
+    """Records ``examples`` into a new builder of ``model``; returns it (finished) and each
+    example's host value. Errors name each example's position in ``examples`` (``indexed``) or
+    "the input" (one example given on its own), and its ``dataset_indices`` entry if given."""
+    builder = BatchBuilder(model)
+    builder.dataset_indices = dataset_indices
+    outputs = []
+    try:
+        with gc_paused():
+            for i, x in enumerate(examples):
+                builder.example_index = i if indexed else None
+                outputs.append(builder.run(x))
+    finally:
+        builder.example_index = None
+        builder.finish()
+    return builder, outputs
+
+
+class ExampleChunk(NamedTuple):
+    """Examples of one batch with their indices in the dataset they came from (``Compiler.batches``),
+    so that errors name the example the user can find."""
+
+    examples: list
+    indices: Sequence[int]

@@ -217,7 +217,7 @@ def pad_to(batch: Batch, layout: BatchLayout, type_shapes: Sequence[tuple[tuple,
                     len(layout.tail_ops)),
         _grow(branch, A), _grow(a.items_node, A), _grow(a.items_count, A), _grow(a.items_out, A),
         _grow(a.items_saved, A), a.n_items, a.roots, metrics)
-    return Batch(arrays, layout, batch.host, batch.stats)
+    return batch.replace(arrays, layout)
 
 
 def computed_rows(batch: Batch) -> int:

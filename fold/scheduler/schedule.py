@@ -30,10 +30,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fold.errors import InvalidConstant
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, BatchStats, GroupArrays, HostInfo, MetricArrays
 from fold.scheduler.builder import Recorded
 
-__all__ = ["InvalidConstant", "check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes",
+__all__ = ["check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes",
            "piece_rows", "padded_rows", "MIN_ITEM", "PIECES"]
 
 MIN_ITEM = 8
@@ -104,14 +105,6 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int,
         chunks = tuple(c for c in chunks if c >= SMALL_CHUNK)
     costs = [int(np.sum(-(-group_rows // c))) * (ITEM_OVERHEAD + c) for c in chunks]
     return chunks[int(np.argmin(costs))]
-
-
-class InvalidConstant(Exception):
-    """A layer's ``check_constant_inputs`` rejected a constant; ``error`` is what it raised."""
-
-    def __init__(self, error: Exception):
-        super().__init__(str(error))
-        self.error = error
 
 
 def check_constants(model: Any, rec: Recorded) -> None:
@@ -353,12 +346,12 @@ def _const_tables(rec: Recorded, arena_rows: tuple) -> dict[str, np.ndarray]:
 
 
 def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: int, chunk_sizes: tuple[int, ...],
-             keep_host: bool = False, check: bool = True) -> Batch:
+             keep_host: bool = False, check: bool = True, owner: str | None = None) -> Batch:
     """Builds the batch arrays from recorded work ``rec`` of ``model``.
 
     ``roots[l]`` holds, per example, the value id of root leaf ``l``; ``chunk_sizes`` are
     the candidates for ``C``, smallest first. With ``check``, layers validate their constant
-    inputs first (``check_constants``).
+    inputs first (``check_constants``). ``owner`` marks the batch as the compiler's (``Batch``).
     """
     if check:
         check_constants(model, rec)
@@ -403,4 +396,4 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     host = HostInfo(rec.v_type, v_row) if keep_host else None
     stats = BatchStats(len(rec.n_op), len(items.branch), int(n_depth.max()) if len(n_depth) else 0,
                        int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()), tuple(items.saved_rows))
-    return Batch(arrays, layout, host, stats)
+    return Batch(arrays, layout, host, stats, owner)

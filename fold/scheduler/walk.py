@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fold.blocks.base import Block, LeafError
+from fold.blocks.base import Block
+from fold.errors import LeafError
 
 __all__ = ["walk", "InputError"]
 
-_NATURAL = (KeyError, TypeError, ValueError)
+# Exceptions rebuilt with the example and path in their message (others get a note).
+_NATURAL = (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError)
 
 
 class InputError:
@@ -29,14 +31,13 @@ def _message(e: BaseException) -> str:
     return str(e)
 
 
-def _rewrap(e: BaseException, stack: list, block: Block, example_index: int | None) -> BaseException:
+def _rewrap(e: BaseException, stack: list, block: Block, where: str) -> BaseException:
     if getattr(e, InputError.attribute, False):
         return e
     parts = [label if isinstance(label, str) else label[0].format(*label[1:])
              for _, _, label in stack if label is not None]
     parts.append(block._path_name())
     path = " > ".join(parts)
-    where = f"example {example_index}" if example_index is not None else "the input"
     msg = f"{where}: at {path}: {_message(e)}"
     cls = type(e)
     if isinstance(e, IndexError):
@@ -54,8 +55,8 @@ def _rewrap(e: BaseException, stack: list, block: Block, example_index: int | No
     return new
 
 
-def _reraise(e: BaseException, stack: list, block: Block, example_index: int | None) -> None:
-    new = _rewrap(e, stack, block, example_index)
+def _reraise(e: BaseException, stack: list, block: Block, where: str) -> None:
+    new = _rewrap(e, stack, block, where)
     if new is e:
         raise e
     raise new from e
@@ -74,9 +75,9 @@ def walk(root: Block, x: Any, ctx: Any) -> Any:
                 try:
                     value = block._host_leaf(arg, ctx)
                 except LeafError as e:  # inside a leaf Pipe
-                    _reraise(e.error, stack, e.block, ctx.example_index)
+                    _reraise(e.error, stack, e.block, ctx.where())
                 except Exception as e:
-                    _reraise(e, stack, block, ctx.example_index)
+                    _reraise(e, stack, block, ctx.where())
             else:
                 stack.append([block._host(arg, ctx), block, None])
                 value = None
@@ -92,9 +93,9 @@ def walk(root: Block, x: Any, ctx: Any) -> Any:
             continue
         except LeafError as e:
             frame[2] = e.label
-            _reraise(e.error, stack, e.block, ctx.example_index)
+            _reraise(e.error, stack, e.block, ctx.where())
         except Exception as e:
             stack.pop()
-            _reraise(e, stack, frame[1], ctx.example_index)
+            _reraise(e, stack, frame[1], ctx.where())
         frame[2] = label
         pending = (child, arg)

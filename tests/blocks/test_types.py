@@ -74,3 +74,11 @@ def test_pyobject_containers_are_canonicalised():
 def test_convert_rejects_nonsense():
     with pytest.raises(TypeError):
         fd.convert_to_type(3.5)
+
+
+@pytest.mark.parametrize("dtype", ["str", "float128", "object", "datetime64"])
+def test_dtypes_jax_arrays_cannot_hold_are_rejected_at_construction(dtype):
+    with pytest.raises(TypeError, match="is not a dtype JAX arrays hold"):
+        fd.Scalar(dtype)
+    with pytest.raises(TypeError, match="is not a dtype JAX arrays hold"):
+        fd.TensorType((2,), dtype)

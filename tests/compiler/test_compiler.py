@@ -101,3 +101,29 @@ def test_function_batches_across_examples():
     out = compiler.apply({}, compiler.build_batch([[1, -2], [-3]]))
     np.testing.assert_array_equal(np.asarray(out.outputs), [6, 6])
     assert all(shape[0] >= 3 for shape in calls), calls  # one batched call covers all three elements
+
+
+def test_apply_refuses_a_batch_built_by_another_compiler():
+    """Two compilers of same-shaped models: the other's batch has the same layout, and its rows
+    mean the other model's values, so running it would return numbers that look right."""
+    ours, theirs = (fd.Compiler.create(fd.Vector(3) >> fd.FC(4)) for _ in range(2))
+    params = ours.init(jax.random.key(0))
+    foreign = theirs.build_batch([[1.0, 2.0, 3.0]])
+    assert foreign.layout == ours.build_batch([[1.0, 2.0, 3.0]]).layout
+    for run in (ours.apply, jax.jit(ours.apply)):
+        with pytest.raises(ValueError, match="built by another compiler"):
+            run(params, foreign)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: dict(p, b=jnp.zeros(1)), r"params\['fc'\]\['b'\] has shape \(1,\) .* needs shape \(4,\)"),
+    (lambda p: dict(p, w=p["w"].astype(jnp.float16)), r"params\['fc'\]\['w'\] .* dtype float16.* dtype float32"),
+    (lambda p: dict(p, w=p["w"].astype(jnp.int32)), r"dtype int32"),
+    (lambda p: dict(p, extra=jnp.zeros(2)), r"params\['fc'\] has structure"),
+])
+def test_params_of_another_shape_or_dtype_are_refused(change, message):
+    compiler = fd.Compiler.create(fd.Vector(3) >> fd.FC(4))
+    params = compiler.init(jax.random.key(0))
+    batch = compiler.build_batch([[1.0, 2.0, 3.0]])
+    with pytest.raises(TypeError, match=message):
+        compiler.apply({"fc": change(params["fc"])}, batch)

@@ -84,3 +84,68 @@ def test_user_function_errors_keep_their_type_and_gain_context():
     compiler = fd.Compiler.create(fd.InputTransform(parse) >> fd.Scalar())
     with pytest.raises(ValueError, match="example 2: at InputTransform"):
         compiler.build_batch(["1", "2", "three"])
+
+
+def _recursive_sum() -> fd.Block:
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    tree = fd.OneOf(lambda x: isinstance(x, list), {False: fd.Scalar(), True: fd.Map(decl()) >> fd.Sum()})
+    decl.resolve_to(tree)
+    return tree
+
+
+def test_a_cyclic_input_is_an_error_not_a_hang():
+    compiler = fd.Compiler.create(_recursive_sum())
+    cyclic = [1.0, 2.0]
+    cyclic.append(cyclic)
+    with pytest.raises(ValueError, match=r"example 1: at OneOf > Map\[2\] > .*already processing.*contains itself"):
+        compiler.build_batch([[1.0], cyclic])
+    # The same object twice, side by side, is no cycle; and the builder is not left in a bad state.
+    shared = [2.0, 3.0]
+    batch = compiler.build_batch([[shared, shared], [1.0]])
+    np.testing.assert_allclose(compiler.apply({}, batch).outputs, [10.0, 1.0])
+
+
+def test_a_recursion_that_consumes_no_input_is_an_error_not_a_hang():
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    decl.resolve_to(decl() >> fd.Function(jnp.sin))
+    with pytest.raises(ValueError, match="example 0: at ForwardDeclaration.*recursion consumes no input"):
+        fd.Compiler.create(decl()).build_batch([1.0])
+
+
+@pytest.mark.parametrize("container, hint", [({"a": 1.0, "b": 2.0}, "got a dict.*items"),
+                                             ({1.0, 2.0}, "got a set.*order varies")])
+def test_a_dict_or_set_given_to_map_is_an_error_not_its_keys(container, hint):
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar()) >> fd.Sum())
+    with pytest.raises(TypeError, match=f"example 1: at Map: Map expected a sequence, {hint}"):
+        compiler.build_batch([[1.0], container])
+
+
+@pytest.mark.parametrize("block, good, bad, message", [
+    (fd.Scalar(), 1.0, 1e39, r"value 1e\+39 overflows float32"),
+    (fd.Vector(2), [1.0, 2.0], [1.0, -1e39], r"overflows float32"),
+    (fd.Scalar("float16"), 7, 70000, r"value 70000 overflows float16"),
+    (fd.Vector(2), np.array([1.0, 3.0]), np.array([1 + 2j, 3]), "expected real numbers.*complex"),
+    (fd.InputTransform(lambda n: [0] * n) >> fd.Length(dtype="float16"), 7, 70000, "value 70000 overflows float16"),
+])
+def test_values_a_type_cannot_hold_are_errors_not_inf(block, good, bad, message):
+    with pytest.raises(ValueError, match=f"example 1: .*{message}"):
+        fd.Compiler.create(block).build_batch([good, bad])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_errors_from_batches_name_the_index_in_the_dataset(workers):
+    """Example 7 of the dataset is example 3 of the second batch of 4; shuffled, it is elsewhere."""
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar()) >> fd.Sum())
+    data = [[1.0]] * 7 + [["x"]] + [[1.0]] * 4
+    with pytest.raises(ValueError, match=r"^example 7 \(position 3 in its batch\): at Map\[0\] > Scalar"):
+        list(compiler.batches(data, 4, num_workers=workers))
+    order = np.random.default_rng(3).permutation(len(data))
+    position = int(np.flatnonzero(order == 7)[0]) % 4
+    with pytest.raises(ValueError, match=rf"^example 7 \(position {position} in its batch\)"):
+        list(compiler.batches(data, 4, shuffle=True, seed=3, num_workers=workers))
+
+
+def test_an_overflow_in_a_host_function_names_the_example_in_its_message():
+    compiler = fd.Compiler.create(fd.InputTransform(lambda x: float(10 ** x)) >> fd.Scalar())
+    with pytest.raises(OverflowError, match=r"^example 1: at InputTransform"):
+        compiler.build_batch([1, 400])

@@ -1,0 +1,65 @@
+"""The library's exceptions and the helpers that build them.
+
+Errors a user sees are ``TypeError``, ``ValueError`` or ``KeyError`` (the
+natural type of what went wrong) with a message that names the blocks,
+types, example and path involved. The classes here are how the library
+marks and carries them between its layers:
+
+- ``ExplainedTypeError``: a type mismatch whose message already names both
+  blocks and both types (``type_error``); ``set_type`` re-explains any other
+  ``TypeError`` raised while setting a type, and passes these through.
+- ``LeafError``: an error of a leaf block, carried to the walk, which adds
+  the example index and block path.
+- ``InvalidConstant``: a layer's ``check_constant_inputs`` rejected a
+  constant; the compiler re-walks the examples to name the first bad one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ExplainedTypeError", "InvalidConstant", "LeafError", "set_type", "type_error"]
+
+
+class ExplainedTypeError(TypeError):
+    """A type mismatch whose message names the blocks and types involved."""
+
+
+def type_error(a: Any, a_type: Any, b: Any, b_type: Any, how: str, detail: str = "") -> ExplainedTypeError:
+    """A type mismatch naming both blocks and both types: ``{a} {how} {a_type} but {b} has {b_type}``."""
+    msg = f"type mismatch: {a!r} {how} {a_type} but {b!r} has {b_type}"
+    if detail:
+        msg += f" ({detail})"
+    return ExplainedTypeError(msg)
+
+
+def set_type(block: Any, side: str, t: Any, explain: Callable[[TypeError], TypeError]) -> None:
+    """Sets ``block``'s ``side`` (``"input"`` or ``"output"``) type to ``t``. A ``TypeError`` that
+    setting it raises (inference runs in every block it reaches) is replaced by ``explain(e)``
+    unless it is already explained."""
+    try:
+        if side == "input":
+            block.set_input_type(t)
+        else:
+            block.set_output_type(t)
+    except ExplainedTypeError:
+        raise
+    except TypeError as e:
+        raise explain(e) from e
+
+
+class LeafError(Exception):
+    """An error of a leaf run by its parent with ``run_leaf``: the driver unwraps it."""
+
+    def __init__(self, block: Any, label: Any, error: Exception):
+        super().__init__(error)
+        self.block, self.label, self.error = block, label, error
+
+
+class InvalidConstant(Exception):
+    """A layer's ``check_constant_inputs`` rejected a constant; ``error`` is what it raised."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
