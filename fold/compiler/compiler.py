@@ -552,7 +552,7 @@ class Compiler:
         if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
             return self._apply_jit(params, batch, key)
         if isinstance(batch.arrays.n_items, jax.core.Tracer):
-            self._stats.traced()
+            self._stats.traced(batch.layout)
         arenas = self.executor.arenas(params, batch, key)
         arrays = batch.arrays
         leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self._root_leaves, arrays.roots)]

@@ -7,12 +7,14 @@ full the buckets were and how much padding cost.
 
 Compile seconds come from ``jax.monitoring``: when ``apply`` is traced, the
 tracing, lowering and XLA compilation that JAX reports next on that thread
-(up to its backend compilation) are counted for the compiler that traced.
+(up to its backend compilation) are counted for the compiler that traced,
+and logged (INFO, ``fold`` logger) with the batch layout it was for.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import weakref
 from typing import Any, NamedTuple
@@ -22,6 +24,8 @@ import jax
 from fold.scheduler.layouts import computed_rows
 
 __all__ = ["CompilerStats", "StatsRecorder"]
+
+logger = logging.getLogger("fold")
 
 
 class CompilerStats(NamedTuple):
@@ -79,12 +83,15 @@ class StatsRecorder:
             self._computed += computed
             self._occupancy.append(batch.stats.rows / batch.layout.size_class)
 
-    def traced(self) -> None:
-        """``apply`` is being traced: count it, and the compile seconds JAX reports next."""
+    def traced(self, layout: Any) -> None:
+        """``apply`` is being traced for a batch of ``layout``: count it, and the compile seconds
+        JAX reports next."""
         with self._lock:
             self._traces += 1
         _listen()
         _pending.recorder = weakref.ref(self)
+        _pending.layout = layout
+        _pending.seconds = 0.0
 
     def compiled(self, seconds: float) -> None:
         with self._lock:
@@ -120,8 +127,13 @@ def _on_duration(event: str, seconds: float, **_: Any) -> None:
     if recorder is None or event not in _COMPILE_EVENTS:
         return
     recorder.compiled(seconds)
+    _pending.seconds += seconds
     if event == _COMPILE_EVENTS[-1]:
         _pending.recorder = None
+        layout = _pending.layout
+        logger.info("fold: compiled a function that calls apply in %.1f s (tracing, lowering and XLA) for a batch "
+                    "layout of A=%d, B=%d, C=%d, %d loop operations", _pending.seconds, layout.size_class,
+                    layout.num_examples, layout.chunk, len(layout.loop_ops))
 
 
 def _listen() -> None:

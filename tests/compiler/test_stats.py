@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import jax
 import pytest
 
@@ -46,14 +49,17 @@ def test_counts_batches_that_save_matmul_outputs():
     assert compiler.stats().saving == 1
 
 
-def test_traces_count_compilations_of_a_jitted_step():
+def test_traces_count_compilations_of_a_jitted_step(caplog):
     compiler = _compiler()
     params = compiler.init(jax.random.key(0))
     step = jax.jit(lambda p, b: compiler.apply(p, b).outputs.sum())
-    for data in ([[1.0]], [[2.0]], [[1.0] * 50], [[3.0]]):
-        step(params, compiler.build_batch(data))
+    with caplog.at_level(logging.INFO, logger="fold"):
+        for data in ([[1.0]], [[2.0]], [[1.0] * 50], [[3.0]]):
+            step(params, compiler.build_batch(data))
     s = compiler.stats()
     assert s.layouts == 2 and s.traces == 2  # one trace per layout, none for repeats
+    compiled = [r.getMessage() for r in caplog.records if "compiled a function that calls apply" in r.getMessage()]
+    assert len(compiled) == 2 and all(re.search(r"in \d+\.\d s .* layout of A=\d+, B=1, C=", m) for m in compiled)
     assert s.compile_seconds > 0
     for _ in range(3):  # eager: the compiler's own jitted apply, traced once per layout
         compiler.apply(params, compiler.build_batch([[1.0]]))
