@@ -43,7 +43,7 @@ from typing import Any
 from fold.blocks.types import Type, convert_to_type
 from fold.errors import LeafError, set_type, type_error
 
-__all__ = ["Block", "convert_to_block", "Repeat", "run_leaf", "unify"]
+__all__ = ["Block", "convert_to_block", "Repeat", "run_leaf", "scope_stack", "set_child", "unify"]
 
 _scopes = threading.local()
 
@@ -59,7 +59,7 @@ def run_leaf(block: Block, x: Any, ctx: Any, label: Any = None) -> Any:
         raise LeafError(block, label, e) from None
 
 
-def _scope_stack() -> list:
+def scope_stack() -> list:
     if not hasattr(_scopes, "stack"):
         _scopes.stack = []
     return _scopes.stack
@@ -67,7 +67,7 @@ def _scope_stack() -> list:
 
 def current_composition() -> Any:
     """The innermost ``Composition`` whose ``scope()`` is active, or None."""
-    stack = _scope_stack()
+    stack = scope_stack()
     return stack[-1] if stack else None
 
 
@@ -307,6 +307,16 @@ def unify(a: Block, a_side: str, b: Block, b_side: str) -> None:
     target, side, t = (b, b_side, ta) if ta is not None else (a, a_side, tb)
     shown_a, shown_b = ("(unknown)" if x is None else x for x in (ta, tb))
     set_type(target, side, t, lambda e: type_error(a, shown_a, b, shown_b, f"has {a_side} type", str(e)))
+
+
+def set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> None:
+    """Sets ``child``'s ``side`` type to ``t``, explaining a conflict with both blocks."""
+    cur = child.input_type if side == "input" else child.output_type
+    if cur is not None:
+        if cur != t:
+            raise type_error(owner, t, child, cur, f"needs {what} of type", f"{side} type of {child!r}")
+        return
+    set_type(child, side, t, lambda e: type_error(owner, t, child, "(unknown)", f"gives {what} of type", str(e)))
 
 
 def convert_to_block(x: Any) -> Block:

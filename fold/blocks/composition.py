@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from fold.blocks.base import Block, _scope_stack, convert_to_block, run_leaf, unify
+from fold.blocks.base import Block, convert_to_block, run_leaf, scope_stack, unify
 from fold.blocks.types import TupleType, VoidType
 from fold.errors import set_type, type_error
 
@@ -72,7 +72,7 @@ class Composition(Block):
     @contextlib.contextmanager
     def scope(self) -> Iterator[Composition]:
         """Blocks created or wired inside this context belong to this composition."""
-        stack = _scope_stack()
+        stack = scope_stack()
         stack.append(self)
         try:
             yield self

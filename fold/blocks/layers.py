@@ -67,6 +67,12 @@ class Layer(abc.ABC):
         """The key of this layer's parameters (None until named by a compiler)."""
         return self._name
 
+    def name_if_unnamed(self, name: str) -> None:
+        """Gives an unnamed layer ``name`` (compilers name layers that have no name); a named
+        layer keeps its own."""
+        if self._name is None:
+            self._name = name
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._name!r})" if self._name else type(self).__name__
 

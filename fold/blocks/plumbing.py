@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from fold.blocks.base import Block, is_block_like, run_leaf, unify
+from fold.blocks.base import Block, is_block_like, run_leaf, set_child, unify
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -18,7 +18,6 @@ from fold.blocks.types import (
     VoidType,
     convert_to_type,
 )
-from fold.errors import set_type, type_error
 
 __all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
 
@@ -134,15 +133,15 @@ class Record(Block):
         t = self.input_type
         for k, b in fields:
             if isinstance(t, PyObjectType):
-                _set_child(self, t, b, "input", f"field {k!r}")
+                set_child(self, t, b, "input", f"field {k!r}")
             elif isinstance(t, TupleType):
-                _set_child(self, t[k], b, "input", f"field {k!r}")
+                set_child(self, t[k], b, "input", f"field {k!r}")
         outs = [b.output_type for _, b in fields]
         if all(o is not None for o in outs):
-            _set_child(self, TupleType(*outs), self, "output", "output")
+            set_child(self, TupleType(*outs), self, "output", "output")
         elif isinstance(self.output_type, TupleType) and len(self.output_type) == len(fields):
             for (k, b), o in zip(fields, self.output_type):
-                _set_child(self, o, b, "output", f"field {k!r}")
+                set_child(self, o, b, "output", f"field {k!r}")
 
     def _host(self, x: Any, ctx: Any):
         out = []
@@ -160,16 +159,6 @@ class Record(Block):
 
     def _emit(self, em: Any, x: str) -> str:
         return em.tuple([em.emit(b, em.assign(f"{x}[{em.literal(k)}]")) for k, b in self._fields])
-
-
-def _set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> None:
-    """Sets ``child``'s ``side`` type to ``t``, explaining a conflict with both blocks."""
-    cur = child.input_type if side == "input" else child.output_type
-    if cur is not None:
-        if cur != t:
-            raise type_error(owner, t, child, cur, f"needs {what} of type", f"{side} type of {child!r}")
-        return
-    set_type(child, side, t, lambda e: type_error(owner, t, child, "(unknown)", f"gives {what} of type", str(e)))
 
 
 class AllOf(Block):
@@ -192,7 +181,7 @@ class AllOf(Block):
             unify(self, "input", b, "input")
         outs = [b.output_type for b in blocks]
         if all(o is not None for o in outs):
-            _set_child(self, TupleType(*outs), self, "output", "output")
+            set_child(self, TupleType(*outs), self, "output", "output")
 
     def _host(self, x: Any, ctx: Any):
         if not self._blocks:

@@ -10,10 +10,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from fold.blocks.base import Block, Repeat, run_leaf, unify
+from fold.blocks.base import Block, Repeat, run_leaf, set_child, unify
 from fold.blocks.inputs import Zeros, to_array
 from fold.blocks.layers import Layer
-from fold.blocks.plumbing import AllOf, Pipe, _set_child
+from fold.blocks.plumbing import AllOf, Pipe
 from fold.blocks.tensors import Function
 from fold.blocks.types import (
     BroadcastSequenceType,
@@ -87,15 +87,15 @@ class Map(Block):
             return
         t = self.input_type
         if t is not None:
-            _set_child(self, _element_type(self, t), elem, "input", "elements")
+            set_child(self, _element_type(self, t), elem, "input", "elements")
         elif elem.input_type is not None:
             # A sequence of PyObjects is itself just a PyObject.
             self.set_input_type(SequenceType(elem.input_type))
         if elem.output_type is not None and self.input_type is not None:
             kind = BroadcastSequenceType if isinstance(self.input_type, BroadcastSequenceType) else SequenceType
-            _set_child(self, kind(elem.output_type), self, "output", "output")
+            set_child(self, kind(elem.output_type), self, "output", "output")
         elif isinstance(self.output_type, SequenceType):
-            _set_child(self, self.output_type.element_type, elem, "output", "elements")
+            set_child(self, self.output_type.element_type, elem, "output", "elements")
 
     def _host(self, x: Any, ctx: Any):
         if isinstance(x, Repeat):
@@ -117,7 +117,7 @@ class Map(Block):
 
 
 def _void_input(owner: Block, child: Block) -> None:
-    _set_child(owner, VoidType(), child, "input", "a void input")
+    set_child(owner, VoidType(), child, "input", "a void input")
 
 
 class Fold(Block):
@@ -144,7 +144,7 @@ class Fold(Block):
         unify(self.combine_block, "output", self, "output")
         acc = self.output_type
         if acc is not None and self.input_type is not None:
-            _set_child(self, TupleType(acc, _element_type(self, self.input_type)), self.combine_block,
+            set_child(self, TupleType(acc, _element_type(self, self.input_type)), self.combine_block,
                        "input", "(accumulator, element)")
 
     def _host(self, x: Any, ctx: Any):
@@ -222,12 +222,12 @@ class RNN(Block):
             _void_input(self, self.initial_state)
         state = self._state_type()
         if elem is not None and state is not None:
-            _set_child(self, TupleType(elem, state), self.cell, "input", "(element, state)")
+            set_child(self, TupleType(elem, state), self.cell, "input", "(element, state)")
         out = self.cell.output_type
         if isinstance(out, TupleType) and len(out) == 2:
             if state is not None and out[1] != state:
                 raise type_error(self.cell, out[1], self, state, "returns state of type", "state type")
-            _set_child(self, TupleType(SequenceType(out[0]), out[1]), self, "output", "output")
+            set_child(self, TupleType(SequenceType(out[0]), out[1]), self, "output", "output")
 
     def _host(self, x: Any, ctx: Any):
         if self.from_input:
@@ -268,8 +268,8 @@ class Reduce(Block):
         if self.input_type is not None:
             elem = _element_type(self, self.input_type)
             if not isinstance(elem, PyObjectType):
-                _set_child(self, elem, self, "output", "output")
-                _set_child(self, TupleType(elem, elem), self.combine_block, "input", "pairs of elements")
+                set_child(self, elem, self, "output", "output")
+                set_child(self, TupleType(elem, elem), self.combine_block, "input", "pairs of elements")
         unify(self.combine_block, "output", self, "output")
         if self.output_type is not None:
             if self.default_block is None:
@@ -324,7 +324,7 @@ class Broadcast(Block):
 
     def _infer(self) -> None:
         if self.input_type is not None:
-            _set_child(self, BroadcastSequenceType(self.input_type), self, "output", "output")
+            set_child(self, BroadcastSequenceType(self.input_type), self, "output", "output")
         elif isinstance(self.output_type, BroadcastSequenceType):
             self.set_input_type(self.output_type.element_type)
 
@@ -351,9 +351,9 @@ class Zip(Block):
     def _infer(self) -> None:
         t = self.input_type
         if isinstance(t, TupleType):
-            _set_child(self, SequenceType(TupleType(*[i.element_type for i in t])), self, "output", "output")
+            set_child(self, SequenceType(TupleType(*[i.element_type for i in t])), self, "output", "output")
         elif isinstance(t, PyObjectType):
-            _set_child(self, t, self, "output", "output")
+            set_child(self, t, self, "output", "output")
 
     def _host_leaf(self, x: Any, ctx: Any) -> list:
         if not isinstance(x, (tuple, list)):
@@ -387,7 +387,7 @@ class NGrams(Block):
     def _infer(self) -> None:
         if self.input_type is not None:
             elem = _element_type(self, self.input_type)
-            _set_child(self, SequenceType(TupleType(*[elem] * self.n)), self, "output", "output")
+            set_child(self, SequenceType(TupleType(*[elem] * self.n)), self, "output", "output")
 
     def _host_leaf(self, x: Any, ctx: Any) -> list:
         xs = _as_list(self, x)
@@ -408,7 +408,7 @@ class Nth(Block):
 
     def _infer(self) -> None:
         if isinstance(self.input_type, TupleType):
-            _set_child(self, _element_type(self, self.input_type[0]), self, "output", "output")
+            set_child(self, _element_type(self, self.input_type[0]), self, "output", "output")
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
         seq, n = x

@@ -292,7 +292,7 @@ class Compiler:
                 base = snake_case(type(layer).__name__)
                 name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
                             if n not in used)
-                layer._name = name
+                layer.name_if_unnamed(name)
                 used.add(name)
         self.layers = {layer.name: (layer, t) for layer, t in layer_types.items()}  # type: ignore[misc]
 
@@ -305,8 +305,8 @@ class Compiler:
             self.metric_types[m.metric_name] = m.input_type  # type: ignore[assignment]
         self.metric_types = dict(sorted(self.metric_types.items()))
 
-        self._root_leaves = out.tensor_leaves() if _root_ok(out) else []
-        self._plan = HostPlan(self)
+        self.root_leaves = out.tensor_leaves() if _root_ok(out) else []
+        self.host_plan = HostPlan(self)
         self._stats = StatsRecorder()
         self._layouts = LayoutPolicy([(t.shape, t.dtype) for t in self.types], int(max_layouts))
         self._token = uuid.uuid4().hex  # marks the examples this compiler records
@@ -393,10 +393,10 @@ class Compiler:
 
     def _roots(self, outputs: list) -> list[np.ndarray]:
         """Per root tensor leaf, the value id it has in each example's host output."""
-        if not self._root_leaves:
+        if not self.root_leaves:
             return []
         ids = np.asarray([flatten_value(v) for v in outputs], np.int64).reshape(len(outputs), -1)
-        return [ids[:, leaf] for leaf in range(len(self._root_leaves))]
+        return [ids[:, leaf] for leaf in range(len(self.root_leaves))]
 
     def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant,
                                 dataset_indices: Sequence[int] | None = None) -> NoReturn:
@@ -434,7 +434,7 @@ class Compiler:
         """The batch of ``examples`` in its own layout, before the save policy and the layout
         policy see it, and not counted in ``stats``: NumPy only (workers run this)."""
         if isinstance(examples, RecordedExamples):
-            if examples._owner != self._token:
+            if examples.owner != self._token:
                 raise ValueError("these examples were recorded by another compiler; record them with this one")
             if not len(examples):
                 raise ValueError("build_batch needs at least one example")
@@ -555,7 +555,7 @@ class Compiler:
             self._stats.traced(batch.layout)
         arenas = self.executor.arenas(params, batch, key)
         arrays = batch.arrays
-        leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self._root_leaves, arrays.roots)]
+        leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self.root_leaves, arrays.roots)]
         outputs = self._nest(self.root.output_type, iter(leaves)) if _root_ok(self.root.output_type) else None
         metrics = {}
         for name, t in self.metric_types.items():

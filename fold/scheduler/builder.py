@@ -105,7 +105,7 @@ class BatchBuilder:
         self.block_cache: dict[Any, Any] = {}
         # (declaration, input object) of each recursive call the walk is in (see ``recursing``).
         self.recursing: set[tuple[int, int]] = set()
-        self._plan_run, self._callers, self._const_makers, self._release = model._plan.bind(self)
+        self._plan_run, self._callers, self._const_makers, self._release = model.host_plan.bind(self)
 
     def run(self, x: Any) -> Any:
         """Records example ``x`` (index ``self.example_index``) and returns its host value.
@@ -167,6 +167,12 @@ class BatchBuilder:
         """A depth-0 constant: an array of ``ttype``, a valid Python number for a scalar type
         (tables become arrays in ``schedule``), or ``None`` for zeros."""
         return self._const_makers[self.model.type_index[ttype]](value)
+
+    def unshare(self) -> None:
+        """Forgets what the batch's examples share (constants, memoised block values): a recorded
+        example keeps its own copy, since batches gather examples recorded apart."""
+        self._shared.clear()
+        self.block_cache.clear()
 
     def const_shared(self, key: Any, ttype: TensorType, value: np.ndarray | None) -> int:
         """A constant stored once per batch, whichever example asks for it."""

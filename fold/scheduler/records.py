@@ -148,6 +148,11 @@ class RecordedExamples:
     the same model.
     """
 
+    @property
+    def owner(self) -> str:
+        """The token of the compiler that recorded these examples."""
+        return self._owner
+
     def __init__(self, store: _Store, owner: str, index: np.ndarray | None = None):
         self._store = store
         self._owner = owner
@@ -212,9 +217,7 @@ def record(model: Any, examples: Iterable[Any], owner: str) -> RecordedExamples:
     counts, outputs = [], []
     with gc_paused():
         for i, x in enumerate(examples):
-            # Each example keeps its own copy of what a batch shares (zeros, memoised blocks).
-            builder._shared.clear()
-            builder.block_cache.clear()
+            builder.unshare()
             counts.append(_sizes(builder))
             builder.example_index = i
             outputs.append(builder.run(x))
@@ -223,7 +226,7 @@ def record(model: Any, examples: Iterable[Any], owner: str) -> RecordedExamples:
         builder.finish()
         rec = builder.arrays()
     check_constants(model, rec)
-    n_leaves = len(model._root_leaves)
+    n_leaves = len(model.root_leaves)
     roots = np.asarray([flatten_value(v) for v in outputs] if n_leaves else [], np.int64)
     starts = np.asarray(counts, np.int64)
     n_types = len(model.types)

@@ -124,7 +124,7 @@ def test_sequences_that_are_not_lists_take_the_walk():
 
 def test_plan_source_is_python_for_every_operation():
     compiler = fd.Compiler.create(_sum_tree() >> fd.Function(jnp.negative))
-    source = compiler._plan.source
+    source = compiler.host_plan.source
     compile(source, "<plan>", "exec")
     for o in range(len(compiler.ops)):
         assert f"def rec{o}(" in source
@@ -196,6 +196,6 @@ def test_no_model_leaves_cycles_after_a_build(name):
         block, _, examples = MODELS[name]()
     compiler = fd.Compiler.create(block)
     if name == "mutual_recursion":
-        assert compiler._plan.source.count("def decl") == 2
+        assert compiler.host_plan.source.count("def decl") == 2
         assert_plan_matches_walk(compiler, examples)
     assert _garbage_of_a_build(compiler, examples)[2] == 0

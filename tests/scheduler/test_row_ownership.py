@@ -98,7 +98,7 @@ def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> int:
         elif buffers:  # an operation that saves nothing writes its zeros to the dump rows
             saved[buffers.rows[0]:] = PAD
     run_groups("tail", layout.tail_ops)
-    for rows, t in zip(arrays.roots, [compiler.type_index[leaf] for leaf in compiler._root_leaves]):
+    for rows, t in zip(arrays.roots, [compiler.type_index[leaf] for leaf in compiler.root_leaves]):
         arenas.read(t, np.asarray(rows))
     for name, m in arrays.metrics.items():
         arenas.read(compiler.type_index[compiler.metric_types[name]], m.rows[m.mask])
