@@ -71,13 +71,21 @@ class _RemoteTraceback(Exception):
         return self.args[0]
 
 
+# Built-in exceptions an error that cannot be pickled is sent as, the first it is an instance of.
+_BUILTIN = (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError, ArithmeticError, LookupError)
+
+
 def _picklable(error: BaseException) -> BaseException:
-    """``error`` itself if it survives pickling, else a RuntimeError with its message."""
+    """``error`` itself if it survives pickling, else the nearest built-in exception it is an
+    instance of (RuntimeError if none) with its type name, message and notes (where the walk
+    put the example and block path)."""
     try:
         pickle.loads(pickle.dumps(error))
         return error
     except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
+        notes = "; ".join(getattr(error, "__notes__", ()))
+        cls = next((c for c in _BUILTIN if isinstance(error, c)), RuntimeError)
+        return cls(f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else ""))
 
 
 def _worker(conn: Connection, inherited: list[Connection], compiler: Any) -> None:

@@ -189,3 +189,36 @@ def test_large_examples_and_large_batches_do_not_block_each_other():
     data = [[float(i)] * 50_000 for i in range(16)]
     got = list(compiler.batches(data, 2, num_workers=2))
     assert all(_arrays_equal(x, y) for x, y in zip(got, compiler.batches(data, 2), strict=True))
+
+
+class _Unpicklable(ValueError):
+    """A user's exception whose constructor takes two arguments: pickling rebuilds it with one."""
+
+    def __init__(self, what: str, where: str):
+        super().__init__(f"{what} at {where}")
+
+
+class _Odd(Exception):
+    def __init__(self, a: int, b: int):
+        super().__init__(a + b)
+
+
+def _raise_unpicklable(x: float) -> float:
+    if x > 1:
+        raise _Unpicklable("bad value", "here")
+    if x < 0:
+        raise _Odd(1, 2)
+    return x
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+@pytest.mark.parametrize("bad, cls, fragments", [
+    (5.0, ValueError, ["_Unpicklable: bad value at here", "example 5 (position 1 in its batch): at InputTransform"]),
+    (-1.0, RuntimeError, ["_Odd: 3", "example 5 (position 1 in its batch): at InputTransform"]),
+])
+def test_an_exception_a_worker_cannot_send_keeps_its_kind_message_index_and_path(bad, cls, fragments):
+    compiler = fd.Compiler.create(fd.InputTransform(_raise_unpicklable) >> fd.Scalar())
+    data = [1.0] * 5 + [bad] + [1.0] * 2
+    with pytest.raises(cls) as info:
+        list(compiler.batches(data, 4, num_workers=1))
+    assert all(f in str(info.value) for f in fragments), str(info.value)
