@@ -23,7 +23,12 @@ __all__ = ["ExplainedTypeError", "InvalidConstant", "LeafError", "set_type", "ty
 
 
 class ExplainedTypeError(TypeError):
-    """A type mismatch whose message names the blocks and types involved."""
+    """A type mismatch whose message names the blocks and types involved. ``cases`` holds the
+    ids of the blocks (``OneOf``) that added which of their cases it came from."""
+
+    def __init__(self, message: str, cases: frozenset[int] = frozenset()):
+        super().__init__(message)
+        self.cases = cases
 
 
 def type_error(a: Any, a_type: Any, b: Any, b_type: Any, how: str, detail: str = "") -> ExplainedTypeError:

@@ -8,6 +8,7 @@ from typing import Any
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, unify
 from fold.blocks.types import PyObjectType, TensorType, Type, VoidType
+from fold.errors import ExplainedTypeError
 
 __all__ = ["OneOf", "ForwardDeclaration", "Metric"]
 
@@ -61,10 +62,21 @@ class OneOf(Block):
         src, side = (self.pre_block, "output") if self.pre_block is not None else (self, "input")
         if self.pre_block is not None:
             unify(self, "input", self.pre_block, "input")
-        for case in self._case_list:
-            unify(src, side, case, "input")
-        for case in self._case_list:
-            unify(case, "output", self, "output")
+        # The case keys: ``self._cases`` maps each key to its case (indices for a sequence of cases).
+        keyed = list(enumerate(self._case_list)) if self._indexed else list(self._cases.items())
+        for key, case in keyed:
+            self._unify_case(key, lambda case=case: unify(src, side, case, "input"))
+        for key, case in keyed:
+            self._unify_case(key, lambda case=case: unify(case, "output", self, "output"))
+
+    def _unify_case(self, key: Any, unify_it: Callable[[], None]) -> None:
+        """Runs ``unify_it``; a type conflict names the case's key, which the blocks alone do not."""
+        try:
+            unify_it()
+        except ExplainedTypeError as e:
+            if id(self) in e.cases:
+                raise
+            raise ExplainedTypeError(f"{self!r}, in the case for key {key!r}: {e}", e.cases | {id(self)}) from e
 
     def _case(self, key: Any) -> Block:
         try:

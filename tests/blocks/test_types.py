@@ -82,3 +82,11 @@ def test_dtypes_jax_arrays_cannot_hold_are_rejected_at_construction(dtype):
         fd.Scalar(dtype)
     with pytest.raises(TypeError, match="is not a dtype JAX arrays hold"):
         fd.TensorType((2,), dtype)
+
+
+def test_a_oneof_type_conflict_names_the_case_key():
+    with pytest.raises(TypeError, match=r"^OneOf, in the case for key 2: type mismatch: Vector"):
+        fd.OneOf(len, {1: fd.Scalar(), 2: fd.Vector(2)})
+    inner = fd.OneOf(len, [fd.Scalar(), fd.Scalar()])
+    with pytest.raises(TypeError, match=r"OneOf, in the case for key 'b': .*Vector"):
+        fd.OneOf(lambda x: x[0], {"a": inner, "b": fd.Vector(3)})
