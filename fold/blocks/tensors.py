@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from fold.blocks.base import Block
 from fold.blocks.layers import Layer
 from fold.blocks.types import TensorType, TupleType, Type, VoidType
+from fold.errors import ExplainedTypeError
 
 __all__ = ["Function", "Concat", "OpSpec", "flatten_value", "unflatten_value"]
 
@@ -130,6 +131,7 @@ class Function(Block):
             raise TypeError(f"Function needs a callable or a fd.Layer, got {fn!r}")
         self.fn = fn
         self.layer = fn if isinstance(fn, Layer) else None
+        self._returns: dict[Type, Type] = {}  # input type -> what fn returns for it
         super().__init__(name)
 
     def __repr__(self) -> str:
@@ -143,8 +145,19 @@ class Function(Block):
         _check_tensor_input(self, t)
 
     def _infer(self) -> None:
-        if self.input_type is not None and self.output_type is None:
-            self.set_output_type(self._output_for(self.input_type))
+        if self.input_type is None:
+            return
+        if self.input_type not in self._returns:
+            self._returns[self.input_type] = self._output_for(self.input_type)
+        returns = self._returns[self.input_type]
+        if self.output_type is None:
+            self.set_output_type(returns)
+        elif returns != self.output_type:
+            # The output type was set from outside (a Fold's state, a OneOf's other cases) before
+            # the input was known: what the function returns must match it.
+            raise ExplainedTypeError(f"type mismatch: {self!r} returns {returns} for input {self.input_type}, but "
+                                     f"its place in the model needs {self.output_type} (a Fold's state, another "
+                                     "case of a OneOf, ...)")
 
     def _output_for(self, t: Type) -> Type:
         args = _probe_args(t)

@@ -90,3 +90,10 @@ def test_a_oneof_type_conflict_names_the_case_key():
     inner = fd.OneOf(len, [fd.Scalar(), fd.Scalar()])
     with pytest.raises(TypeError, match=r"OneOf, in the case for key 'b': .*Vector"):
         fd.OneOf(lambda x: x[0], {"a": inner, "b": fd.Vector(3)})
+
+
+def test_a_fold_whose_combine_returns_another_shape_than_its_state_fails_at_construction():
+    with pytest.raises(TypeError, match=r"Function\(FC\) returns TensorType\(\(3,\), 'float32'\) for input "
+                                        r"TensorType\(\(6,\), 'float32'\), but its place in the model needs "
+                                        r"TensorType\(\(4,\), 'float32'\)"):
+        fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> fd.FC(3), fd.Zeros(fd.TensorType((4,))))
