@@ -147,17 +147,24 @@ class Function(Block):
     def _infer(self) -> None:
         if self.input_type is None:
             return
-        if self.input_type not in self._returns:
-            self._returns[self.input_type] = self._output_for(self.input_type)
-        returns = self._returns[self.input_type]
         if self.output_type is None:
-            self.set_output_type(returns)
-        elif returns != self.output_type:
+            self.set_output_type(self._returns_for(self.input_type))
+            return
+        try:
+            returns = self._returns_for(self.input_type)
+        except TypeError:  # not inferable from shapes (a layer whose init draws on the host): the type stands
+            return
+        if returns != self.output_type:
             # The output type was set from outside (a Fold's state, a OneOf's other cases) before
             # the input was known: what the function returns must match it.
             raise ExplainedTypeError(f"type mismatch: {self!r} returns {returns} for input {self.input_type}, but "
                                      f"its place in the model needs {self.output_type} (a Fold's state, another "
                                      "case of a OneOf, ...)")
+
+    def _returns_for(self, t: Type) -> Type:
+        if t not in self._returns:
+            self._returns[t] = self._output_for(t)
+        return self._returns[t]
 
     def _output_for(self, t: Type) -> Type:
         args = _probe_args(t)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -97,3 +98,16 @@ def test_a_fold_whose_combine_returns_another_shape_than_its_state_fails_at_cons
                                         r"TensorType\(\(6,\), 'float32'\), but its place in the model needs "
                                         r"TensorType\(\(4,\), 'float32'\)"):
         fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> fd.FC(3), fd.Zeros(fd.TensorType((4,))))
+
+
+def test_a_layer_whose_init_cannot_be_traced_keeps_the_output_type_its_place_gives_it():
+    class HostSeeded(fd.Layer):
+        def init(self, key, input_type):
+            import numpy
+            return {"w": numpy.random.default_rng(int(jax.random.randint(key, (), 0, 9))).normal(size=(4, 2))}
+
+        def apply(self, params, x):
+            return x @ params["w"]
+
+    fold = fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> HostSeeded(), fd.Zeros(fd.TensorType((2,))))
+    assert fold.output_type == fd.TensorType((2,))
