@@ -79,7 +79,7 @@ def measure(blocks: dict[str, fd.Block], examples: list, repeats: int) -> dict[s
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    trees = sst.load("train", args.data_dir)
+    trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     vocabulary = sst.vocabulary(trees)
     rng, molecule_rng = random.Random(0), np.random.default_rng(0)
     leaves, tree_hidden = (16, 16) if args.quick else (128, 256)

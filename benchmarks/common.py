@@ -35,7 +35,8 @@ def machine() -> dict[str, Any]:
 def add_run_flags(p: argparse.ArgumentParser, name: str, quick: str, data_dir: bool = True) -> None:
     """The flags every benchmark shares: ``--data-dir`` (SST), ``--quick`` and ``--json``."""
     if data_dir:
-        p.add_argument("--data-dir", default=None, help="SST folder (default ../shared/data/sst)")
+        p.add_argument("--data-dir", default=None,
+                       help="SST folder with train.txt, dev.txt, test.txt (--quick: the committed sample)")
     p.add_argument("--quick", action="store_true", help=f"{quick} (what the tests run)")
     p.add_argument("--json", default=None, help=f"results path (default benchmarks/results/{name}[_quick].json)")
 

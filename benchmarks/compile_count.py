@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def sst_main(args: argparse.Namespace) -> dict:
-    trees = sst.load("train", args.data_dir, 320 if args.quick else None)
+    trees = sst.load("train", sst.data_dir(args.data_dir, args.quick), 320 if args.quick else None)
     size = 16 if args.quick else 150
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=size, embed_size=size),
                                   chunk_size=args.chunk_size)

@@ -154,7 +154,7 @@ def measure(block: fd.Block, examples: list, chunks: list[int], mode: str, repea
 def workload(name: str, args: argparse.Namespace) -> tuple[fd.Block, list]:
     """The model and the batch of examples of workload ``name``."""
     if name == "sst":
-        trees = sst.load("train", args.data_dir)
+        trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
         model = models.sst_model(sst.vocabulary(trees), state_size=args.hidden, embed_size=100)
         return model, random.Random(0).sample(trees, args.sst_batch)
     if name == "table1":

@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Median seconds per training step over ``args.steps`` steps, the step's temporaries, and the
     allocator variables this process started with."""
-    trees = sst.load("train", args.data_dir)
+    trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     rng = random.Random(0)
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=args.hidden),
                                   backward=args.backward[0])

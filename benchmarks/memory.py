@@ -91,7 +91,7 @@ def measure(compiler: fd.Compiler, step: Any, params: Any, opt_state: Any, trees
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    all_trees = sst.load("train", args.data_dir)
+    all_trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     rng = random.Random(0)
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(all_trees), state_size=args.hidden,
                                                    embed_size=args.embed_size), backward=args.backward)

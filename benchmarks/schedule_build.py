@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    all_trees = sst.load("train", args.data_dir)
+    all_trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     word_idx = sst.vocabulary(all_trees)
     n_step = args.step_batches or len(all_trees) // args.batch_size
     sst_batches = [all_trees[i:i + args.batch_size] for i in range(0, args.batch_size * args.batches, args.batch_size)]

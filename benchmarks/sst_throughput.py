@@ -151,7 +151,7 @@ def measure_jax_per_tree(params: dict, word_idx: dict, trees: list, all_trees: l
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    all_trees = sst.load("train", args.data_dir)
+    all_trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     word_idx = sst.vocabulary(all_trees)
     rng = random.Random(0)
     trees = rng.sample(all_trees, min(args.trees, len(all_trees)))

@@ -92,9 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     limit = 640 if args.quick else None
-    train_trees = sst.load("train", args.data_dir, limit)
-    dev = examples_of(sst.load("dev", args.data_dir, 200 if args.quick else None))
-    test = examples_of(sst.load("test", args.data_dir, 200 if args.quick else None))
+    train_trees = sst.load("train", sst.data_dir(args.data_dir, args.quick), limit)
+    dev = examples_of(sst.load("dev", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None))
+    test = examples_of(sst.load("test", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None))
     word_idx = sst.vocabulary(train_trees)
     train_data = examples_of(train_trees)
 

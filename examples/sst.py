@@ -13,14 +13,24 @@ from typing import Any
 
 import numpy as np
 
-DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sst"
+# A few hundred trees per split, committed for quick runs and tests (see its README).
+SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "sst_sample"
+URL = "https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip"
 # Words may contain non-ASCII spaces (e.g. "8\xa01\\/2"): split on ASCII blanks only.
 _TOKEN = re.compile(r"\(|\)|[^ \t\r\n()]+")
 
 
-def default_data_dir() -> pathlib.Path:
-    """``../shared/data/sst`` next to the project checkout."""
-    return DATA
+def data_dir(given: str | pathlib.Path | None, quick: bool = False) -> pathlib.Path:
+    """The SST folder to read: ``given`` (``--data-dir``), else the committed sample for a quick
+    run. The full treebank is not bundled: without ``given`` a full run raises, saying where to
+    get it."""
+    if given is not None:
+        return pathlib.Path(given)
+    if quick:
+        return SAMPLE
+    raise FileNotFoundError(f"the Stanford Sentiment Treebank is not bundled: download {URL}, unzip it and pass "
+                            "--data-dir path/to/trees (the folder with train.txt, dev.txt and test.txt); "
+                            "--quick runs on the committed sample")
 
 
 def parse_tree(line: str) -> Any:
@@ -63,12 +73,12 @@ def words(tree: Any) -> list[str]:
     return out
 
 
-def load(split: str, data_dir: str | pathlib.Path | None = None, limit: int | None = None) -> list[Any]:
+def load(split: str, data_dir: str | pathlib.Path, limit: int | None = None) -> list[Any]:
     """The trees of ``train``, ``dev`` or ``test``; ``limit`` takes an evenly spaced subset.
 
     (The files are not shuffled: their first lines are mostly positive.)
     """
-    path = pathlib.Path(data_dir or DATA) / f"{split}.txt"
+    path = pathlib.Path(data_dir) / f"{split}.txt"
     if not path.exists():
         raise FileNotFoundError(f"SST split not found: {path} (pass --data-dir)")
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -139,9 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     small = 640 if args.quick else None
-    train_trees = sst.load("train", args.data_dir, small)
-    dev = sst.load("dev", args.data_dir, 200 if args.quick else None)
-    test = sst.load("test", args.data_dir, 200 if args.quick else None)
+    train_trees = sst.load("train", sst.data_dir(args.data_dir, args.quick), small)
+    dev = sst.load("dev", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None)
+    test = sst.load("test", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None)
     word_idx = sst.vocabulary(train_trees)
     table = load_glove(args.glove, word_idx, args.embed_size, args.seed) if args.glove else None
 
