@@ -286,8 +286,7 @@ class LayoutPolicy:
                 rows = [padded_rows(_bound(n)) for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
                 return tuple(max(h, min(A, r)) for h, r in zip(have, rows))
 
-            saved = [[dict(zip(b.layout.loop_ops, b.layout.saved_rows)).get(o, 0) for o in joined.loop_ops]
-                     for b in members]
+            saved = [[_saved_of(b.layout).get(o, 0) for o in joined.loop_ops] for b in members]
             layout = joined._replace(
                 size_class=A,
                 arena_rows=bounded(joined.arena_rows, [b.stats.type_rows for b in members]),
