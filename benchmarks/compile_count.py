@@ -179,7 +179,7 @@ def random_model_epoch(seed: int, n: int, batch_size: int, chunk_sizes: list[int
     exact_computed = sum(computed_rows(b) for b in exact) / sum(b.stats.num_nodes for b in exact)
     padded_s = _device_seconds(compiler, optimizer, params, opt_state, batches)
     exact_s = _device_seconds(compiler, optimizer, params, opt_state, exact)
-    return {"seed": seed, "model": model.text, "operations": len(compiler.ops), "batches": s.batches,
+    return {"seed": seed, "model": model.text, "operations": len(compiler.program.ops), "batches": s.batches,
             "compilations": s.traces, "layouts": s.layouts, "exact_layouts": len({b.layout for b in exact}),
             "compile_seconds": s.compile_seconds, "epoch_seconds": epoch_seconds,
             "walking_compilations": walking.traces, "padding": s.padding, "exact_padding": exact_computed,
@@ -200,7 +200,7 @@ def step_compile_seconds(seed: int, batch_size: int, chunk: int | tuple = CHUNK_
     step.lower(params, optimizer.init(params), batch, jax.random.key(0)).compile()
     seconds = time.perf_counter() - start
     jax.clear_caches()
-    return {"seconds": seconds, "operations": len(compiler.ops), "loop_operations": len(batch.layout.loop_ops)}
+    return {"seconds": seconds, "operations": len(compiler.program.ops), "loop_operations": len(batch.layout.loop_ops)}
 
 
 def _fused_and_not(row: dict, key: str, fmt: str = "{}") -> str:

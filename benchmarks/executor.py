@@ -109,7 +109,7 @@ def arena_copies(hlo: str, shapes: set[tuple[int, ...]]) -> int:
 def training_step(compiler: fd.Compiler, params: Any, batch: fd.Batch) -> tuple[Any, tuple]:
     """The jitted SGD step and its arguments: the SST model's mean ``loss`` metric, or Table 1's
     ``0.5 * sum(root ** 2)`` for a model without metrics."""
-    if "loss" in compiler.metric_types:
+    if "loss" in compiler.program.metric_types:
         optimizer = optax.sgd(0.01)
         return make_train_step(compiler, optimizer), (params, optimizer.init(params), batch, jax.random.key(0))
     return table1.sgd_step(lambda p, b: compiler.apply(p, b).outputs), (params, batch)
@@ -134,7 +134,7 @@ def compile_step(block: fd.Block, examples: list, chunk: int, mode: str) -> tupl
     row = {"chunk": chunk, "compile_s": compile_s, "items": host.stats.num_items, "nodes": host.stats.num_nodes,
            "size_class": host.layout.size_class,
            "arena_copies": arena_copies(hlo, {(r + chunk, *t.shape)
-                                              for r, t in zip(host.layout.arena_rows, compiler.types)}),
+                                              for r, t in zip(host.layout.arena_rows, compiler.program.types)}),
            "loop_computations": len(loop_computations(hlo))}
     return row, lambda: jax.block_until_ready(compiled(*step_args))
 

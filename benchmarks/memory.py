@@ -66,10 +66,10 @@ def row_bytes(t: fd.TensorType) -> int:
 def measure(compiler: fd.Compiler, step: Any, params: Any, opt_state: Any, trees: list) -> dict[str, Any]:
     """Activation, arena and XLA temporary bytes of one training step on ``trees``."""
     batch = compiler.build_batch(trees, exact_layout=True)
-    sizes = [row_bytes(t) for t in compiler.types]
+    sizes = [row_bytes(t) for t in compiler.program.types]
     rows = batch.stats.type_rows
     allocated = [r + batch.layout.chunk for r in batch.layout.arena_rows]
-    floats = [i for i, t in enumerate(compiler.types) if jax.numpy.issubdtype(t.dtype, jax.numpy.inexact)]
+    floats = [i for i, t in enumerate(compiler.program.types) if jax.numpy.issubdtype(t.dtype, jax.numpy.inexact)]
     compiled = step.lower(params, opt_state, batch, jax.random.key(0)).compile()
     analysis = compiled.memory_analysis()
     activation = sum(r * s for r, s in zip(rows, sizes))

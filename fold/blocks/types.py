@@ -35,6 +35,7 @@ __all__ = [
     "PyObjectType",
     "VoidType",
     "convert_to_type",
+    "tensor_types",
     "canonical_dtype",
 ]
 
@@ -212,6 +213,21 @@ class VoidType(Type):
 
     def __repr__(self) -> str:
         return "VoidType()"
+
+
+def tensor_types(t: Type | None) -> list[TensorType]:
+    """Every tensor type inside ``t``, in order, including those of sequence elements.
+
+    >>> tensor_types(TupleType(TensorType((2,)), SequenceType(TensorType(()))))
+    [TensorType((2,), 'float32'), TensorType((), 'float32')]
+    """
+    if isinstance(t, TensorType):
+        return [t]
+    if isinstance(t, TupleType):
+        return [leaf for item in t for leaf in tensor_types(item)]
+    if isinstance(t, SequenceType):
+        return tensor_types(t.element_type)
+    return []
 
 
 def _canonicalize(t: Type) -> Type:

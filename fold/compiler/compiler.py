@@ -22,14 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fold.blocks.base import Block, Repeat, convert_to_block
-from fold.blocks.composition import Composition
-from fold.blocks.control import ForwardDeclaration, Metric
-from fold.blocks.layers import Layer, snake_case
-from fold.blocks.tensors import Concat, Function, OpSpec, flatten_value
+from fold.blocks.base import Repeat
+from fold.blocks.tensors import flatten_value
 from fold.blocks.types import (
     BroadcastSequenceType,
-    PyObjectType,
     SequenceType,
     TensorType,
     TupleType,
@@ -37,7 +33,7 @@ from fold.blocks.types import (
     VoidType,
 )
 from fold.compiler.executor import Executor
-from fold.compiler.fusion import Fused, fuse_pipes
+from fold.compiler.program import Program, build_program, root_is_tensors
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
 from fold.compiler.stats import CompilerStats, StatsRecorder
@@ -46,7 +42,6 @@ from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import BatchBuilder, ExampleChunk, gc_paused, run_examples
 from fold.scheduler.layouts import LayoutPolicy
-from fold.scheduler.plan import HostPlan, leaf_paths
 from fold.scheduler.records import RecordedExamples, record
 from fold.scheduler.schedule import MIN_ITEM, schedule
 from fold.scheduler.walk import walk
@@ -61,65 +56,6 @@ CHUNK_SIZES = (32, 128, 512)
 MAX_LAYOUTS = 8
 
 
-class CompiledOp:
-    """An operation with its arena slots resolved."""
-
-    def __init__(self, spec: OpSpec, type_index: dict):
-        self.spec = spec
-        self.layer = spec.layer
-        self.in_tidx = [type_index[t] for t in spec.in_types]
-        self.out_tidx = [type_index[t] for t in spec.out_types]
-        self.out_slots = _slots(self.out_tidx)
-        self.in_slots = _slots(self.in_tidx)
-        self.in_paths = leaf_paths(spec.in_type)
-        layer = spec.layer
-        overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
-        # A layer checks constant inputs only where it reads the operation's own inputs.
-        self.check_inputs = layer.check_constant_inputs if overridden and spec.layer_first else None
-
-
-def _slots(tidx: list[int]) -> list[tuple[int, int]]:
-    """Pairs (type, k): the k-th value of that type among an op's inputs or outputs."""
-    seen: dict[int, int] = {}
-    out = []
-    for t in tidx:
-        k = seen.get(t, 0)
-        seen[t] = k + 1
-        out.append((t, k))
-    return out
-
-
-def _all_blocks(root: Block) -> list[Block]:
-    """Every block reachable from ``root`` (children, declarations), in DFS order."""
-    seen: set[int] = set()
-    order: list[Block] = []
-    stack = [root]
-    while stack:
-        b = stack.pop()
-        if id(b) in seen:
-            continue
-        seen.add(id(b))
-        order.append(b)
-        stack.extend(reversed(b.children()))
-    return order
-
-
-def _tensor_types(t: Type | None, out: list) -> None:
-    if isinstance(t, TensorType):
-        out.append(t)
-    elif isinstance(t, TupleType):
-        for i in t:
-            _tensor_types(i, out)
-    elif isinstance(t, SequenceType):
-        _tensor_types(t.element_type, out)
-
-
-def _root_ok(t: Type) -> bool:
-    if isinstance(t, (TensorType, VoidType)):
-        return True
-    return isinstance(t, TupleType) and len(t) > 0 and all(_root_ok(i) for i in t)
-
-
 class Compiler:
     """Compiles a block into operations and runs batches of examples.
 
@@ -128,9 +64,37 @@ class Compiler:
     ``apply(params, batch)`` runs it (pure and jittable).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        if not kwargs.pop("_internal", False):
+    def __init__(self, program: Program, chunk_size: int | Sequence[int] = CHUNK_SIZES, backward: str = "auto",
+                 save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS):
+        """A compiler of a built ``Program``; most code calls ``Compiler.create(block)``, which
+        builds the program and takes the same options (documented there)."""
+        if not isinstance(program, Program):
             raise TypeError("use fd.Compiler.create(block) to make a Compiler")
+        sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)
+        if not sizes or any(not isinstance(c, (int, np.integer)) or c < MIN_ITEM or c & (c - 1) for c in sizes):
+            raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM} or a sequence of them, "
+                             f"got {chunk_size!r}")
+        if backward not in BACKWARDS:
+            raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+        if isinstance(save_limit, bool) or not isinstance(save_limit, (int, np.integer)) or save_limit < 0:
+            raise ValueError(f"save_limit must be a number of bytes >= 0, got {save_limit!r}")
+        if isinstance(max_layouts, bool) or not isinstance(max_layouts, (int, np.integer)) or max_layouts < 1:
+            raise ValueError(f"max_layouts must be an int >= 1, got {max_layouts!r}")
+        self.chunk_sizes = tuple(sorted({int(c) for c in sizes}))
+        self.program = program
+        self.backward = backward
+        self.save_limit = int(save_limit)
+        self._stats = StatsRecorder()
+        self._layouts = LayoutPolicy([(t.shape, t.dtype) for t in program.types], int(max_layouts))
+        self._token = uuid.uuid4().hex  # marks the examples and batches this compiler makes
+        # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the compiler.
+        self._idle_workers = IdlePool()
+        weakref.finalize(self, self._idle_workers.close)
+        self.executor = Executor(program)
+        self._param_structs_by_x64: dict[bool, Any] = {}
+        self._saving = SavePolicy(backward, self.save_limit, self.executor, lambda: self._param_structs)
+        self._arenas_jit = jax.jit(self._arenas)
+        self._apply_jit = jax.jit(self._apply)
 
     @classmethod
     def create(cls, root_block: Any, chunk_size: int | Sequence[int] = CHUNK_SIZES,
@@ -176,8 +140,9 @@ class Compiler:
         iterations and branches to compile, the same numbers. Depths then
         count a fused run once; ``fuse=False`` gives Fold's depths.
         """
-        return cls._create(root_block, any_root=False, chunk_size=chunk_size, backward=backward,
-                           save_limit=save_limit, max_layouts=max_layouts, fuse=fuse)
+        if not isinstance(fuse, bool):
+            raise TypeError(f"fuse must be True or False, got {fuse!r}")
+        return cls(build_program(root_block, fuse=fuse), chunk_size, backward, save_limit, max_layouts)
 
     @classmethod
     def for_eval(cls, block: Any) -> Compiler:
@@ -185,140 +150,7 @@ class Compiler:
         Python objects come back as values), small chunks (one branch per operation keeps a
         notebook's compilations quick), a recomputing backward pass, and no fused operations
         (``max_depth`` counts every operation, as Fold does)."""
-        return cls._create(block, any_root=True, chunk_size=8, backward="recompute", fuse=False)
-
-    @classmethod
-    def _create(cls, root_block: Any, any_root: bool, chunk_size: int | Sequence[int] = CHUNK_SIZES,
-                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS,
-                fuse: bool = True) -> Compiler:
-        sizes = (chunk_size,) if isinstance(chunk_size, (int, np.integer)) else tuple(chunk_size)
-        if not sizes or any(not isinstance(c, (int, np.integer)) or c < MIN_ITEM or c & (c - 1) for c in sizes):
-            raise ValueError(f"chunk_size must be a power of two >= {MIN_ITEM} or a sequence of them, "
-                             f"got {chunk_size!r}")
-        if backward not in BACKWARDS:
-            raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-        if isinstance(save_limit, bool) or not isinstance(save_limit, (int, np.integer)) or save_limit < 0:
-            raise ValueError(f"save_limit must be a number of bytes >= 0, got {save_limit!r}")
-        if isinstance(max_layouts, bool) or not isinstance(max_layouts, (int, np.integer)) or max_layouts < 1:
-            raise ValueError(f"max_layouts must be an int >= 1, got {max_layouts!r}")
-        if not isinstance(fuse, bool):
-            raise TypeError(f"fuse must be True or False, got {fuse!r}")
-        self = cls(_internal=True)
-        root = convert_to_block(root_block)
-        if root.input_type is None:
-            root.set_input_type(PyObjectType())
-        blocks = _all_blocks(root)
-        for b in blocks:
-            if isinstance(b, ForwardDeclaration) and b.target is None:
-                raise ValueError(f"{b!r} was never resolved: call resolve_to(block)")
-            if isinstance(b, Composition):
-                b._validate()
-        blocks = _all_blocks(root)
-        for b in blocks:
-            for side, t in (("input", b.input_type), ("output", b.output_type)):
-                if t is None:
-                    raise TypeError(
-                        f"cannot infer the {side} type of {b!r} in {root!r}; "
-                        f"pin it with set_{side}_type()"
-                    )
-        out = root.output_type
-        metric_blocks = [b for b in blocks if isinstance(b, Metric)]
-        if not any_root:
-            if not _root_ok(out):
-                raise TypeError(
-                    f"the root {root!r} outputs {out}: a compiled root must output tensors, tuples of "
-                    "tensors or void (use block.eval to look at other values)"
-                )
-            if isinstance(out, VoidType) and not metric_blocks:
-                raise TypeError(f"the root {root!r} outputs void and has no Metric: it computes nothing")
-        self.root = root
-        self.chunk_sizes = tuple(sorted({int(c) for c in sizes}))
-        self.backward = backward
-        self.save_limit = int(save_limit)
-
-        # Arena types: every tensor type that appears anywhere.
-        tensor_types: list[TensorType] = []
-        for b in blocks:
-            _tensor_types(b.input_type, tensor_types)
-            _tensor_types(b.output_type, tensor_types)
-        self.types = list(dict.fromkeys(tensor_types))
-        self.type_index = {t: i for i, t in enumerate(self.types)}
-
-        # Operations, merged by key so equal functions batch together.
-        # Runs of operations in pipes are fused into one (fold/compiler/fusion.py).
-        self.pipe_steps = fuse_pipes(blocks) if fuse else {}
-        fused = {m: step for steps in self.pipe_steps.values() for step in steps if isinstance(step, Fused)
-                 for m in step.blocks}
-        self.ops: list[CompiledOp] = []
-        self.block_ops: dict[Any, int] = {}
-        by_key: dict[Any, int] = {}
-        for b in blocks:
-            if isinstance(b, (Function, Concat)):
-                op_block = fused.get(b, b)
-                if op_block in self.block_ops:
-                    continue
-                spec = op_block.op_spec()
-                if spec.key not in by_key:
-                    by_key[spec.key] = len(self.ops)
-                    self.ops.append(CompiledOp(spec, self.type_index))
-                self.block_ops[op_block] = by_key[spec.key]
-        self.slot_index = {}
-        for op in self.ops:
-            for slot in op.out_slots:
-                self.slot_index.setdefault(slot, len(self.slot_index))
-
-        # Layers: one input type each, unique names.
-        self.layers: dict[str, tuple[Layer, Type]] = {}
-        layer_types: dict[Layer, Type] = {}
-        for op in self.ops:
-            if op.layer is None:
-                continue
-            prev = layer_types.get(op.layer)
-            if prev is not None and prev != op.spec.layer_in_type:
-                raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {op.spec.layer_in_type}; "
-                                "a layer has one input type (its parameters depend on it)")
-            layer_types[op.layer] = op.spec.layer_in_type
-        used = {layer.name for layer in layer_types if layer.name is not None}
-        named: dict[str, Layer] = {}
-        for layer in layer_types:
-            if layer.name is None:
-                continue
-            if layer.name in named:
-                raise ValueError(f"two different layers are named {layer.name!r} in one model: "
-                                 f"{named[layer.name]!r} and {layer!r}")
-            named[layer.name] = layer
-        for layer in layer_types:
-            if layer.name is None:
-                base = snake_case(type(layer).__name__)
-                name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
-                            if n not in used)
-                layer.name_if_unnamed(name)
-                used.add(name)
-        self.layers = {layer.name: (layer, t) for layer, t in layer_types.items()}  # type: ignore[misc]
-
-        # Metrics: one tensor type per name.
-        self.metric_types: dict[str, TensorType] = {}
-        for m in metric_blocks:
-            prev = self.metric_types.get(m.metric_name)
-            if prev is not None and prev != m.input_type:
-                raise TypeError(f"metric {m.metric_name!r} gets both {prev} and {m.input_type}")
-            self.metric_types[m.metric_name] = m.input_type  # type: ignore[assignment]
-        self.metric_types = dict(sorted(self.metric_types.items()))
-
-        self.root_leaves = out.tensor_leaves() if _root_ok(out) else []
-        self.host_plan = HostPlan(self)
-        self._stats = StatsRecorder()
-        self._layouts = LayoutPolicy([(t.shape, t.dtype) for t in self.types], int(max_layouts))
-        self._token = uuid.uuid4().hex  # marks the examples this compiler records
-        # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the compiler.
-        self._idle_workers = IdlePool()
-        weakref.finalize(self, self._idle_workers.close)
-        self.executor = Executor(self)
-        self._param_structs_by_x64: dict[bool, Any] = {}
-        self._saving = SavePolicy(backward, int(save_limit), self.executor, lambda: self._param_structs)
-        self._arenas_jit = jax.jit(self.executor.arenas)
-        self._apply_jit = jax.jit(self._apply)
-        return self
+        return cls(build_program(block, any_root=True, fuse=False), chunk_size=8, backward="recompute")
 
     # ---------------------------------------------------------- parameters
     def init(self, key: jax.Array) -> dict:
@@ -328,7 +160,7 @@ class Compiler:
         layer does not change the others' initial values.
         """
         params = {}
-        for name, (layer, t) in sorted(self.layers.items()):
+        for name, (layer, t) in sorted(self.program.layers.items()):
             params[name] = layer.init(jax.random.fold_in(key, zlib.crc32(name.encode())), t)
         return params
 
@@ -336,12 +168,12 @@ class Compiler:
         """Checks ``params`` and stops gradients of non-trainable layers."""
         if not isinstance(params, dict):
             raise TypeError(f"params must be the dict from compiler.init, got {type(params).__name__}")
-        missing = [n for n in self.layers if n not in params]
+        missing = [n for n in self.program.layers if n not in params]
         if missing:
             raise KeyError(f"params has no entry for layer(s) {missing}; make them with compiler.init")
         self._check_param_shapes(params)
         out = dict(params)
-        for name, (layer, _) in self.layers.items():
+        for name, (layer, _) in self.program.layers.items():
             if not layer.trainable:
                 out[name] = jax.lax.stop_gradient(params[name])
         return out
@@ -359,7 +191,7 @@ class Compiler:
         """Every layer's parameters have the structure, shapes and dtypes ``init`` gives them: a
         bias of shape (1,) for (4,) or int32 weights would otherwise broadcast or cast silently.
         Runs where ``apply`` is traced (shapes are static), so once per layout."""
-        for name in sorted(self.layers):
+        for name in sorted(self.program.layers):
             want, got = self._param_structs[name], params[name]
             want_leaves, want_tree = jax.tree_util.tree_flatten_with_path(want)
             got_leaves, got_tree = jax.tree_util.tree_flatten_with_path(got)
@@ -381,11 +213,11 @@ class Compiler:
 
     def _build(self, examples: Sequence[Any], keep_host: bool = False,
                dataset_indices: Sequence[int] | None = None) -> tuple[Batch, BatchBuilder, list]:
-        builder, outputs = run_examples(self, examples, dataset_indices=dataset_indices)
+        builder, outputs = run_examples(self.program, examples, dataset_indices=dataset_indices)
         with gc_paused():
             roots = self._roots(outputs)
             try:
-                batch = schedule(self, builder.arrays(), roots, len(examples), self.chunk_sizes, keep_host,
+                batch = schedule(self.program, builder.arrays(), roots, len(examples), self.chunk_sizes, keep_host,
                                  owner=self._token)
             except InvalidConstant as e:
                 self._raise_invalid_constant(examples, e, dataset_indices)
@@ -393,10 +225,10 @@ class Compiler:
 
     def _roots(self, outputs: list) -> list[np.ndarray]:
         """Per root tensor leaf, the value id it has in each example's host output."""
-        if not self.root_leaves:
+        if not self.program.root_leaves:
             return []
         ids = np.asarray([flatten_value(v) for v in outputs], np.int64).reshape(len(outputs), -1)
-        return [ids[:, leaf] for leaf in range(len(self.root_leaves))]
+        return [ids[:, leaf] for leaf in range(len(self.program.root_leaves))]
 
     def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant,
                                 dataset_indices: Sequence[int] | None = None) -> NoReturn:
@@ -404,10 +236,10 @@ class Compiler:
         call by call, runs the examples again to raise it like any malformed example, naming the
         first bad one and its block path."""
         for i, x in enumerate(examples):
-            again = BatchBuilder(self)
+            again = BatchBuilder(self.program)
             again.example_index, again.dataset_indices = i, dataset_indices
             try:
-                walk(self.root, x, again)
+                walk(self.program.root, x, again)
             finally:
                 again.finish()
         raise e.error from None
@@ -439,7 +271,7 @@ class Compiler:
             if not len(examples):
                 raise ValueError("build_batch needs at least one example")
             rec, roots = examples.merged()
-            return schedule(self, rec, roots, len(examples), self.chunk_sizes, check=False, owner=self._token)
+            return schedule(self.program, rec, roots, len(examples), self.chunk_sizes, check=False, owner=self._token)
         if isinstance(examples, ExampleChunk):
             return self._build(examples.examples, dataset_indices=examples.indices)[0]
         examples = list(examples)
@@ -476,7 +308,7 @@ class Compiler:
                 raise ImportError("record(progress=True) needs tqdm: pip install tqdm") from e
             walked = tqdm(examples, desc="recording examples", unit="ex")
         try:
-            return record(self, walked, self._token)
+            return record(self.program, walked, self._token)
         except InvalidConstant as e:
             self._raise_invalid_constant(examples, e)
 
@@ -515,7 +347,7 @@ class Compiler:
         chunks = [examples[idx] if recorded else ExampleChunk([examples[j] for j in idx], idx.tolist())
                   for idx in (order[i:i + batch_size] for i in range(0, stop, batch_size))]
         built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
-                 else build_ahead(self, chunks, num_workers, self._idle_workers))
+                 else build_ahead(self._build_batch, chunks, num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
         # layouts planned from a few batches ahead.
         for batch in self._layouts.stream(map(self._saving.decide, built)):
@@ -553,18 +385,23 @@ class Compiler:
             return self._apply_jit(params, batch, key)
         if isinstance(batch.arrays.n_items, jax.core.Tracer):
             self._stats.traced(batch.layout)
-        arenas = self.executor.arenas(params, batch, key)
+        arenas = self._arenas(params, batch, key)
         arrays = batch.arrays
-        leaves = [arenas[self.type_index[t]][rows] for t, rows in zip(self.root_leaves, arrays.roots)]
-        outputs = self._nest(self.root.output_type, iter(leaves)) if _root_ok(self.root.output_type) else None
+        program = self.program
+        leaves = [arenas[program.type_index[t]][rows] for t, rows in zip(program.root_leaves, arrays.roots)]
+        out_type = program.root.output_type
+        outputs = self._nest(out_type, iter(leaves)) if root_is_tensors(out_type) else None
         metrics = {}
-        for name, t in self.metric_types.items():
+        for name, t in program.metric_types.items():
             m = arrays.metrics[name]
-            values = arenas[self.type_index[t]][m.rows]
+            values = arenas[program.type_index[t]][m.rows]
             mask = jnp.asarray(m.mask).reshape((-1,) + (1,) * len(t.shape))
             values = jnp.where(mask, values, jnp.zeros((), values.dtype))
             metrics[name] = MetricValues(values, jnp.asarray(m.mask), jnp.asarray(m.example))
         return Result(outputs, metrics)
+
+    def _arenas(self, params: Any, batch: Batch, key: jax.Array | None = None) -> dict:
+        return self.executor.arenas(self.prepare_params(params), batch, key)
 
     def _nest(self, t: Type, leaves: Iterator) -> Any:
         if isinstance(t, TensorType):
@@ -585,15 +422,15 @@ class Compiler:
     # ------------------------------------------------------------- notebook
     def max_depth(self, example: Any) -> int:
         """Depth of one example's schedule (no device work)."""
-        return run_examples(self, [example], indexed=False)[0].max_depth
+        return run_examples(self.program, [example], indexed=False)[0].max_depth
 
     def eval_one(self, example: Any, params: Any = None) -> Any:
         """Evaluates one example; see ``Block.eval``."""
         if params is None:
             params = self.init(jax.random.key(0))
-        builder, (value,) = run_examples(self, [example], indexed=False)
+        builder, (value,) = run_examples(self.program, [example], indexed=False)
         try:
-            batch = schedule(self, builder.arrays(), [], 1, self.chunk_sizes, keep_host=True, owner=self._token)
+            batch = schedule(self.program, builder.arrays(), [], 1, self.chunk_sizes, keep_host=True, owner=self._token)
         except InvalidConstant as e:
             self._raise_invalid_constant([example], e)
         host = batch.host
@@ -612,9 +449,9 @@ class Compiler:
                 return None
             return v
 
-        out = convert(value, self.root.output_type)
-        if not self.metric_types:
+        out = convert(value, self.program.root.output_type)
+        if not self.program.metric_types:
             return out
         metrics = {name: [convert(vid, t) for vid in builder.metric_values[name]]
-                   for name, t in self.metric_types.items()}
+                   for name, t in self.program.metric_types.items()}
         return out, metrics

@@ -32,7 +32,7 @@ See ``docs/design.md``. In short:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,9 @@ from jax import lax
 
 from fold.scheduler.batch import BatchArrays, BatchLayout
 from fold.scheduler.schedule import item_sizes, piece_rows
+
+if TYPE_CHECKING:
+    from fold.compiler.program import Program
 
 __all__ = ["Executor"]
 
@@ -64,10 +67,10 @@ def _is_float(dtype: Any) -> bool:
 class Executor:
     """Executes batches for one compiled model (holds only static structure)."""
 
-    def __init__(self, model: Any):
-        self.model = model
-        self.types = model.types
-        self.ops = model.ops
+    def __init__(self, program: Program):
+        self.program = program
+        self.types = program.types
+        self.ops = program.ops
         self.float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
 
     # ------------------------------------------------------------- helpers
@@ -192,7 +195,7 @@ class Executor:
             valid = rows < groups.count[h]
             idx = in_idx[jnp.minimum(groups.node[h] + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
-            dest = [jnp.where(valid, groups.out[h, self.model.slot_index[slot]] + rows, S) for slot in op.out_slots]
+            dest = [jnp.where(valid, groups.out[h, self.program.slot_index[slot]] + rows, S) for slot in op.out_slots]
             aux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(key, stream, h)}
             out.append((op, piece_rows(size, chunk), aux))
         return out
@@ -297,7 +300,7 @@ class Executor:
         k_out = self._slots(layout.loop_ops, "out_slots")
         buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
         branches = self._forward_branches(layout, k_out, plans, buffers, self.float_types)
-        slot_index = self.model.slot_index
+        slot_index = self.program.slot_index
         saved0 = [jnp.zeros((rows + layout.chunk, *shape), dtype)
                   for rows, (shape, dtype) in zip(buffers.rows, buffers.rows_of)]
 
@@ -371,7 +374,7 @@ class Executor:
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
         buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
         branches = self._backward_branches(layout, k_in, float_types, plans, buffers)
-        slot_index = self.model.slot_index
+        slot_index = self.program.slot_index
         C = layout.chunk
 
         def body(state):
@@ -472,13 +475,13 @@ class Executor:
 
     # ------------------------------------------------------------------ run
     def arenas(self, params: Any, batch: Any, key: Any = None) -> dict:
-        """All arenas after running ``batch`` (pure; differentiable in ``params``).
+        """All arenas after running ``batch`` (pure; differentiable in ``params``, which
+        ``Compiler.prepare_params`` checked).
 
         ``key`` seeds stochastic layers; None runs them deterministically.
         """
         arrays = jax.tree_util.tree_map(jnp.asarray, batch.arrays)
         layout = batch.layout
-        params = self.model.prepare_params(params)
         arenas = self.initial_arenas(arrays, layout)
         # The loop reads neither constants (now in the arenas), roots nor metrics.
         return self._make_run(layout)(params, arenas, arrays._replace(consts={}, roots=[], metrics={}), key)

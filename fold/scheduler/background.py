@@ -47,7 +47,7 @@ import time
 import traceback
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -55,6 +55,9 @@ from typing import Any
 from fold.scheduler.records import ByReference, RecordedExamples, next_serial
 
 __all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool"]
+
+# Builds the batch of one chunk of examples (``Compiler._build_batch``: NumPy only).
+Build = Callable[[Any], Any]
 
 _JOIN_SECONDS = 2.0  # how long a stopping worker may take to finish its batch before it is killed
 
@@ -88,7 +91,7 @@ def _picklable(error: BaseException) -> BaseException:
         return cls(f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else ""))
 
 
-def _worker(conn: Connection, inherited: list[Connection], compiler: Any) -> None:
+def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None:
     """A worker's life: build every chunk of examples received (until None) and send back
     ``(ok, batch or exception, traceback)``.
 
@@ -115,7 +118,7 @@ def _worker(conn: Connection, inherited: list[Connection], compiler: Any) -> Non
             try:
                 if isinstance(chunk, ByReference):
                     chunk = chunk.resolve()
-                message = (True, compiler._build_batch(chunk), None)
+                message = (True, build(chunk), None)
             except Exception as e:
                 message = (False, _picklable(e), traceback.format_exc())
             conn.send(message)
@@ -136,7 +139,7 @@ class WorkerPool:
     whose result has not been read.
     """
 
-    def __init__(self, compiler: Any, n: int):
+    def __init__(self, build: Build, n: int):
         ctx = multiprocessing.get_context("fork")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
@@ -150,7 +153,7 @@ class WorkerPool:
             try:
                 for _ in range(n):
                     mine, theirs = ctx.Pipe()
-                    proc = ctx.Process(target=_worker, args=(theirs, list(_open_conns), compiler),
+                    proc = ctx.Process(target=_worker, args=(theirs, list(_open_conns), build),
                                        daemon=True, name="fold-batch-builder")
                     proc.start()
                     theirs.close()  # only the worker holds its writing end, so its death reads as end of file
@@ -235,7 +238,7 @@ class IdlePool:
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
 
-    def take(self, compiler: Any, n: int) -> WorkerPool:
+    def take(self, build: Build, n: int) -> WorkerPool:
         """The kept pool if it has ``n`` live workers, else a newly forked one. Streams that run at
         the same time (training and evaluation batches, say) get a pool each."""
         with self._lock:
@@ -244,7 +247,7 @@ class IdlePool:
             return pool
         if pool is not None:
             pool.stop()
-        return WorkerPool(compiler, n)
+        return WorkerPool(build, n)
 
     def put(self, pool: WorkerPool) -> None:
         """Keeps ``pool`` (which must have nothing in flight) for the next call; a pool kept
@@ -272,20 +275,20 @@ def _in_order(n: int, window: int, submit: Any, result: Any) -> Iterator[Any]:
         yield result(i)
 
 
-def _with_threads(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int) -> Iterator[Any]:
+def _with_threads(build: Build, chunks: Sequence[list], num_workers: int, ahead: int) -> Iterator[Any]:
     pool = ThreadPoolExecutor(num_workers)
     pending: deque = deque()
     try:
         yield from _in_order(len(chunks), num_workers + ahead,
-                             lambda j: pending.append(pool.submit(compiler._build_batch, chunks[j])),
+                             lambda j: pending.append(pool.submit(build, chunks[j])),
                              lambda i: pending.popleft().result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _with_processes(compiler: Any, chunks: Sequence[list], num_workers: int, ahead: int,
+def _with_processes(build: Build, chunks: Sequence[list], num_workers: int, ahead: int,
                     idle: IdlePool) -> Iterator[Any]:
-    pool = idle.take(compiler, num_workers)
+    pool = idle.take(build, num_workers)
     try:
         yield from _in_order(len(chunks), num_workers + ahead, lambda j: pool.submit(j, chunks[j]), pool.result)
     finally:
@@ -296,13 +299,13 @@ def _with_processes(compiler: Any, chunks: Sequence[list], num_workers: int, ahe
             pool.stop()
 
 
-def build_ahead(compiler: Any, chunks: Sequence[list], num_workers: int, idle: IdlePool,
+def build_ahead(build: Build, chunks: Sequence[list], num_workers: int, idle: IdlePool,
                 ahead: int = 2) -> Iterator[Any]:
-    """Yields the batch of every chunk, in order, built in the background (``compiler._build_batch``)
+    """Yields the batch of every chunk, in order, built in the background by ``build``
     by the workers of ``idle`` (or threads where processes cannot be forked)."""
     if not chunks:
         return
     if uses_processes():
-        yield from _with_processes(compiler, chunks, num_workers, ahead, idle)
+        yield from _with_processes(build, chunks, num_workers, ahead, idle)
     else:
-        yield from _with_threads(compiler, chunks, num_workers, ahead)
+        yield from _with_threads(build, chunks, num_workers, ahead)

@@ -15,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from fold.blocks.types import TensorType
 from fold.scheduler.walk import walk
+
+if TYPE_CHECKING:
+    from fold.compiler.program import Program
 
 __all__ = ["BatchBuilder", "ExampleChunk", "Recorded", "gc_paused", "const_table", "run_examples"]
 
@@ -78,8 +81,8 @@ def const_table(values: list, t: TensorType) -> tuple[np.ndarray, np.ndarray]:
 class BatchBuilder:
     """Host-side recorder of constants, operation calls and metrics for one batch."""
 
-    def __init__(self, model: Any):
-        self.model = model
+    def __init__(self, program: Program):
+        self.program = program
         self.example_index: int | None = None
         # Where each example of the batch sits in the dataset the user gave (``Compiler.batches``).
         self.dataset_indices: Sequence[int] | None = None
@@ -89,7 +92,7 @@ class BatchBuilder:
         self.v_depth: list[int] = []
         self.v_node: list[int] = []
         self.v_pos: list[int] = []
-        self.consts: list[list[np.ndarray | None]] = [[] for _ in model.types]
+        self.consts: list[list[np.ndarray | None]] = [[] for _ in program.types]
         # Per node: operation index and depth; the input value ids of all nodes
         # in one flat list (an operation always takes the same number of inputs).
         self.n_op: list[int] = []
@@ -98,14 +101,14 @@ class BatchBuilder:
         # Per metric, each entry's example index and value id, in two flat lists: a tuple per
         # entry would be an object that outlives the build for the cycle collector to traverse
         # (see gc_paused).
-        self.metric_examples: dict[str, list[int]] = {name: [] for name in model.metric_types}
-        self.metric_values: dict[str, list[int]] = {name: [] for name in model.metric_types}
+        self.metric_examples: dict[str, list[int]] = {name: [] for name in program.metric_types}
+        self.metric_values: dict[str, list[int]] = {name: [] for name in program.metric_types}
         self._shared: dict[Any, int] = {}
         # Per-batch memo for blocks whose host value is the same every call (Zeros).
         self.block_cache: dict[Any, Any] = {}
         # (declaration, input object) of each recursive call the walk is in (see ``recursing``).
         self.recursing: set[tuple[int, int]] = set()
-        self._plan_run, self._callers, self._const_makers, self._release = model.host_plan.bind(self)
+        self._plan_run, self._callers, self._const_makers, self._release = program.host_plan.bind(self)
 
     def run(self, x: Any) -> Any:
         """Records example ``x`` (index ``self.example_index``) and returns its host value.
@@ -121,7 +124,7 @@ class BatchBuilder:
         except Exception:
             self._rollback(mark)
         self.recursing.clear()  # what a failed walk left
-        return walk(self.model.root, x, self)
+        return walk(self.program.root, x, self)
 
     def finish(self) -> None:
         """Ends recording. The plan's entry points are closures over this builder and each
@@ -138,7 +141,7 @@ class BatchBuilder:
 
         return Recorded(ints(self.v_type), ints(self.v_node), ints(self.v_pos), ints(self.n_op),
                         ints(self.n_depth), ints(self.n_inputs),
-                        [const_table(c, t) for c, t in zip(self.consts, self.model.types)],
+                        [const_table(c, t) for c, t in zip(self.consts, self.program.types)],
                         {k: ints(v) for k, v in self.metric_values.items()},
                         {k: ints(v) for k, v in self.metric_examples.items()})
 
@@ -166,7 +169,7 @@ class BatchBuilder:
     def const(self, ttype: TensorType, value: Any) -> int:
         """A depth-0 constant: an array of ``ttype``, a valid Python number for a scalar type
         (tables become arrays in ``schedule``), or ``None`` for zeros."""
-        return self._const_makers[self.model.type_index[ttype]](value)
+        return self._const_makers[self.program.type_index[ttype]](value)
 
     def unshare(self) -> None:
         """Forgets what the batch's examples share (constants, memoised block values): a recorded
@@ -189,7 +192,7 @@ class BatchBuilder:
         if self.v_node[vid] >= 0:
             return None
         value = self.consts[self.v_type[vid]][self.v_pos[vid]]
-        t = self.model.types[self.v_type[vid]]
+        t = self.program.types[self.v_type[vid]]
         return np.zeros(t.shape, t.dtype) if value is None else np.asarray(value, t.dtype)
 
     def where(self) -> str:
@@ -204,11 +207,11 @@ class BatchBuilder:
     def steps(self, pipe: Any) -> list:
         """The blocks ``pipe`` runs: its children, or its children with runs of operations fused
         (``fold/compiler/fusion.py``)."""
-        return self.model.pipe_steps.get(pipe) or pipe.children()
+        return self.program.pipe_steps.get(pipe) or pipe.children()
 
     def call(self, block: Any, x: Any) -> Any:
         """Records one call of ``block``'s operation on host value ``x``."""
-        return self._callers[self.model.block_ops[block]](x)
+        return self._callers[self.program.block_ops[block]](x)
 
     def metric(self, name: str, vid: int) -> None:
         """Records tensor ``vid`` as an entry of metric ``name`` for the current example."""
@@ -224,12 +227,12 @@ class BatchBuilder:
         return depth
 
 
-def run_examples(model: Any, examples: Sequence[Any], indexed: bool = True,
+def run_examples(program: Program, examples: Sequence[Any], indexed: bool = True,
                  dataset_indices: Sequence[int] | None = None) -> tuple[BatchBuilder, list]:
-    """Records ``examples`` into a new builder of ``model``; returns it (finished) and each
+    """Records ``examples`` into a new builder of ``program``; returns it (finished) and each
     example's host value. Errors name each example's position in ``examples`` (``indexed``) or
     "the input" (one example given on its own), and its ``dataset_indices`` entry if given."""
-    builder = BatchBuilder(model)
+    builder = BatchBuilder(program)
     builder.dataset_indices = dataset_indices
     outputs = []
     try:

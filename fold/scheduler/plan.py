@@ -26,10 +26,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fold.blocks.types import TensorType, TupleType
 from fold.scheduler.walk import walk
+
+if TYPE_CHECKING:
+    from fold.compiler.program import Program
 
 __all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH"]
 
@@ -84,8 +87,8 @@ class Emitter:
     generated module's namespace.
     """
 
-    def __init__(self, model: Any):
-        self.model = model
+    def __init__(self, program: Program):
+        self.program = program
         self.namespace: dict[str, Any] = {"_walk": walk, "_TooDeep": TooDeep}
         self._bound: dict[int, str] = {}
         self._ids = itertools.count()
@@ -177,14 +180,14 @@ class Emitter:
 
     def steps(self, pipe: Any) -> list:
         """The blocks ``pipe`` runs (see ``BatchBuilder.steps``)."""
-        return self.model.pipe_steps.get(pipe) or pipe.children()
+        return self.program.pipe_steps.get(pipe) or pipe.children()
 
     def call(self, block: Any, x: str) -> str:
         """One call of ``block``'s operation on host value ``x``."""
-        o = self.model.block_ops[block]
+        o = self.program.block_ops[block]
         # Inline: a Python call per node was a tenth of the plan's time.
         args = []
-        for path in self.model.ops[o].in_paths:
+        for path in self.program.ops[o].in_paths:
             a = x
             for k in path:
                 a = self.item(a, k)
@@ -192,7 +195,7 @@ class Emitter:
         first, d, node = self.var("f"), self.var("d"), self.var("n")
         for text in self._record_lines(o, args, first, d, node):
             self.line(text)
-        return value_expr(self.model.ops[o].spec.out_type, first, leaf=lambda e: e if e == first else self.assign(e),
+        return value_expr(self.program.ops[o].spec.out_type, first, leaf=lambda e: e if e == first else self.assign(e),
                           tup=self.tuple, void=lambda: self.assign("None"))
 
     def item(self, x: str, key: Any) -> str:
@@ -204,7 +207,7 @@ class Emitter:
 
     def const(self, ttype: Any, value: str) -> str:
         """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes."""
-        return self.assign(f"const{self.model.type_index[ttype]}({value})")
+        return self.assign(f"const{self.program.type_index[ttype]}({value})")
 
     def metric(self, name: str, x: str) -> None:
         """Records tensor ``x`` as an entry of metric ``name`` (see ``BatchBuilder.metric``)."""
@@ -238,7 +241,7 @@ class Emitter:
         """``rec{o}(*input ids)`` records one call of operation ``o`` (see ``BatchBuilder``);
         ``call{o}(x)`` does it for host value ``x``, checking constant inputs first (the walk's
         entry point)."""
-        op = self.model.ops[o]
+        op = self.program.ops[o]
         args = [f"i{j}" for j in range(len(op.in_paths))]
         lines = [f"def rec{o}({', '.join(args)}):"]
         body = self._record_lines(o, args, "first", "d", "node")
@@ -258,7 +261,7 @@ class Emitter:
     def _record_lines(self, o: int, args: list[str], first: str, d: str, node: str) -> list[str]:
         """Statements recording one call of operation ``o`` on the value ids in variables ``args``:
         they set ``d`` (its depth), ``node`` and ``first`` (its first output's value id)."""
-        op = self.model.ops[o]
+        op = self.program.ops[o]
         n_out = len(op.out_tidx)
         if not args:
             lines = [f"{d} = 1"]
@@ -302,9 +305,9 @@ class Emitter:
             out.append(f"    metric_ex{i} = ctx.metric_examples[{name!r}]")
             out.append(f"    metric_vid{i} = ctx.metric_values[{name!r}]")
         # Every operation and type gets one: the walk records through them too.
-        for o in range(len(self.model.ops)):
+        for o in range(len(self.program.ops)):
             out += ["    " + s for s in self._recorder(o)]
-        for t in range(len(self.model.types)):
+        for t in range(len(self.program.types)):
             out += ["    " + s for s in self._const_maker(t)]
         for fn in self._functions:
             out += fn
@@ -316,8 +319,8 @@ class Emitter:
             out += [f"        nonlocal {', '.join(decls)}", f"        {' = '.join(decls)} = None"]
         else:
             out.append("        pass")
-        callers = ", ".join(f"call{o}" for o in range(len(self.model.ops)))
-        makers = ", ".join(f"const{t}" for t in range(len(self.model.types)))
+        callers = ", ".join(f"call{o}" for o in range(len(self.program.ops)))
+        makers = ", ".join(f"const{t}" for t in range(len(self.program.types)))
         out.append(f"    return run, [{callers}], [{makers}], release")
         return "\n".join(out) + "\n"
 
@@ -325,9 +328,9 @@ class Emitter:
 class HostPlan:
     """A model's compiled host walk; ``bind(builder)`` gives its entry points for one batch."""
 
-    def __init__(self, model: Any):
-        em = Emitter(model)
-        self.source = em.source(model.root)
+    def __init__(self, program: Program):
+        em = Emitter(program)
+        self.source = em.source(program.root)
         namespace = em.namespace
         exec(compile(self.source, "<fold host plan>", "exec"), namespace)  # noqa: S102 (generated)
         self._make = namespace["_make"]

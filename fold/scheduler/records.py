@@ -21,13 +21,16 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from fold.blocks.tensors import flatten_value
 from fold.scheduler.builder import BatchBuilder, Recorded, gc_paused
 from fold.scheduler.schedule import check_constants
+
+if TYPE_CHECKING:
+    from fold.compiler.program import Program
 
 __all__ = ["RecordedExamples", "ByReference", "record", "next_serial"]
 
@@ -210,10 +213,10 @@ class RecordedExamples:
         return rec, [roots[:, leaf] for leaf in range(roots.shape[1])]
 
 
-def record(model: Any, examples: Iterable[Any], owner: str) -> RecordedExamples:
+def record(program: Program, examples: Iterable[Any], owner: str) -> RecordedExamples:
     """Walks every example once (see ``Compiler.record``); ``owner`` identifies the compiler.
     Raises ``InvalidConstant`` if a layer rejects a constant input."""
-    builder = BatchBuilder(model)
+    builder = BatchBuilder(program)
     counts, outputs = [], []
     with gc_paused():
         for i, x in enumerate(examples):
@@ -225,11 +228,11 @@ def record(model: Any, examples: Iterable[Any], owner: str) -> RecordedExamples:
         builder.example_index = None
         builder.finish()
         rec = builder.arrays()
-    check_constants(model, rec)
-    n_leaves = len(model.root_leaves)
+    check_constants(program, rec)
+    n_leaves = len(program.root_leaves)
     roots = np.asarray([flatten_value(v) for v in outputs] if n_leaves else [], np.int64)
     starts = np.asarray(counts, np.int64)
-    n_types = len(model.types)
+    n_types = len(program.types)
     data = _Data(rec, roots.reshape(len(outputs), n_leaves), *starts[:, :3].T, starts[:, 3:3 + n_types],
                  {name: starts[:, 3 + n_types + k] for k, name in enumerate(rec.metric_values)})
     local, roots = _renumber(data, -1)

@@ -26,13 +26,16 @@ its rows.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from fold.errors import InvalidConstant
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, BatchStats, GroupArrays, HostInfo, MetricArrays
 from fold.scheduler.builder import Recorded
+
+if TYPE_CHECKING:
+    from fold.compiler.program import Program
 
 __all__ = ["check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes",
            "piece_rows", "padded_rows", "MIN_ITEM", "PIECES"]
@@ -107,16 +110,16 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int,
     return chunks[int(np.argmin(costs))]
 
 
-def check_constants(model: Any, rec: Recorded) -> None:
+def check_constants(program: Program, rec: Recorded) -> None:
     """Runs each layer's ``check_constant_inputs`` once, on every call of its operation whose
     inputs are all constants (one call of the hook per operation instead of per node); raises
     ``InvalidConstant`` with what the hook raised."""
     first_in = None
-    for o, op in enumerate(model.ops):
+    for o, op in enumerate(program.ops):
         if op.check_inputs is None:
             continue
         if first_in is None:
-            n_in = np.array([len(other.in_paths) for other in model.ops], np.int64)[rec.n_op]
+            n_in = np.array([len(other.in_paths) for other in program.ops], np.int64)[rec.n_op]
             first_in = np.cumsum(n_in) - n_in
         nodes = np.flatnonzero(rec.n_op == o)
         ins = rec.n_inputs[first_in[nodes][:, None] + np.arange(len(op.in_tidx))]
@@ -153,12 +156,12 @@ def _tail(n_op: np.ndarray, producer: np.ndarray, consumer: np.ndarray, n_ops: i
     return np.where(ok[n_op], dist, -1)
 
 
-def _size_class(model: Any, rec: Recorded) -> int:
+def _size_class(program: Program, rec: Recorded) -> int:
     """``A = next_pow2(max(rows of the fullest type, nodes, metric entries))``: every value has
     one row, so a type's rows are its constants plus one per output of that type of every call."""
     rows = np.array([len(filled) for _, filled in rec.consts], np.int64)
-    calls = np.bincount(rec.n_op, minlength=len(model.ops))
-    for op, n in zip(model.ops, calls.tolist()):
+    calls = np.bincount(rec.n_op, minlength=len(program.ops))
+    for op, n in zip(program.ops, calls.tolist()):
         for t in op.out_tidx:
             rows[t] += n
     n_metric = max((len(v) for v in rec.metric_values.values()), default=0)
@@ -188,14 +191,14 @@ class _Chunks(NamedTuple):
     type_rows: np.ndarray  # [types]: rows each arena uses (constants and outputs)
 
 
-def _depths(model: Any, rec: Recorded) -> tuple[np.ndarray, int]:
+def _depths(program: Program, rec: Recorded) -> tuple[np.ndarray, int]:
     """Node depths once tail nodes move past the loop's deepest depth (farthest from a result
     first), and that deepest loop depth."""
-    n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[rec.n_op]
+    n_in = np.array([len(op.in_paths) for op in program.ops], np.int64)[rec.n_op]
     consumer = np.repeat(np.arange(len(rec.n_op)), n_in)
     producer = rec.v_node[rec.n_inputs]
     computed = producer >= 0
-    dist = _tail(rec.n_op, producer[computed], consumer[computed], len(model.ops))
+    dist = _tail(rec.n_op, producer[computed], consumer[computed], len(program.ops))
     tail = dist >= 0
     loop_depth = int(rec.n_depth[~tail].max(initial=1))
     return np.where(tail, loop_depth + 1 + TAIL_DEPTH - dist, rec.n_depth), loop_depth
@@ -222,7 +225,7 @@ def _in_loop(groups: _Groups) -> np.ndarray:
     return (groups.g_depth > 1) & (groups.g_depth <= groups.loop_depth)
 
 
-def _cut(model: Any, rec: Recorded, groups: _Groups, chunk: int) -> _Chunks:
+def _cut(program: Program, rec: Recorded, groups: _Groups, chunk: int) -> _Chunks:
     """Chunks and their rows: constants first, then each chunk's outputs, output by output. A loop
     item writes C rows per output, so its padded tail may only ever land on rows that are written
     later: allocating per chunk (not per group) guarantees that even for ops with several
@@ -236,10 +239,10 @@ def _cut(model: Any, rec: Recorded, groups: _Groups, chunk: int) -> _Chunks:
             c_start.append(s0 + off)
             c_count.append(min(step, n - off))
     cursor = np.array([len(filled) for _, filled in rec.consts], np.int64)
-    max_out = max((len(op.out_tidx) for op in model.ops), default=0)
+    max_out = max((len(op.out_tidx) for op in program.ops), default=0)
     c_base = np.zeros((len(c_group), max(max_out, 1)), np.int64)
     for c, (g, n) in enumerate(zip(c_group, c_count)):
-        for j, t in enumerate(model.ops[int(groups.g_op[g])].out_tidx):
+        for j, t in enumerate(program.ops[int(groups.g_op[g])].out_tidx):
             c_base[c, j] = cursor[t]
             cursor[t] += n
     return _Chunks(c_group, c_start, c_count, c_base, cursor)
@@ -260,10 +263,10 @@ def _value_rows(rec: Recorded, groups: _Groups, chunks: _Chunks) -> np.ndarray:
     return v_row
 
 
-def _input_rows(model: Any, rec: Recorded, groups: _Groups, v_row: np.ndarray, rows: int) -> np.ndarray:
+def _input_rows(program: Program, rec: Recorded, groups: _Groups, v_row: np.ndarray, rows: int) -> np.ndarray:
     """``[rows, most inputs]``: per node in sorted order, the arena row of each input."""
-    n_in = np.array([len(op.in_paths) for op in model.ops], np.int64)[rec.n_op]
-    max_in = max((len(op.in_tidx) for op in model.ops), default=1) or 1
+    n_in = np.array([len(op.in_paths) for op in program.ops], np.int64)[rec.n_op]
+    max_in = max((len(op.in_tidx) for op in program.ops), default=1) or 1
     in_idx = np.zeros((rows, max_in), np.int32)
     consumer = np.repeat(np.arange(len(rec.n_op)), n_in)
     column = np.arange(len(rec.n_inputs)) - np.repeat(np.cumsum(n_in) - n_in, n_in)
@@ -283,7 +286,7 @@ class _Items(NamedTuple):
     saved_rows: list     # per loop operation: rows its items' saved chunks take
 
 
-def _items(model: Any, groups: _Groups, chunks: _Chunks, chunk: int, out_starts: Any) -> _Items:
+def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, out_starts: Any) -> _Items:
     """Work items: one per loop chunk, size C or the next power of two >= 8. With saving, each loop
     operation's items keep what they save in rows of its own, one item after another in loop
     order (see ``Executor._saved_starts``)."""
@@ -345,31 +348,31 @@ def _const_tables(rec: Recorded, arena_rows: tuple) -> dict[str, np.ndarray]:
     return consts
 
 
-def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: int, chunk_sizes: tuple[int, ...],
+def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examples: int, chunk_sizes: tuple[int, ...],
              keep_host: bool = False, check: bool = True, owner: str | None = None) -> Batch:
-    """Builds the batch arrays from recorded work ``rec`` of ``model``.
+    """Builds the batch arrays from recorded work ``rec`` of ``program``.
 
     ``roots[l]`` holds, per example, the value id of root leaf ``l``; ``chunk_sizes`` are
     the candidates for ``C``, smallest first. With ``check``, layers validate their constant
     inputs first (``check_constants``). ``owner`` marks the batch as the compiler's (``Batch``).
     """
     if check:
-        check_constants(model, rec)
-    n_depth, loop_depth = _depths(model, rec)
+        check_constants(program, rec)
+    n_depth, loop_depth = _depths(program, rec)
     groups = _sort(rec.n_op, n_depth, loop_depth)
-    A = _size_class(model, rec)
+    A = _size_class(program, rec)
     chunk = pick_chunk(groups.g_count[_in_loop(groups)], chunk_sizes, A, num_examples)
-    chunks = _cut(model, rec, groups, chunk)
+    chunks = _cut(program, rec, groups, chunk)
     # Each arena holds only its own type's rows, rounded up to a power of two:
     # a model's types fill very different numbers of rows.
     arena_rows = tuple(min(A, padded_rows(r)) for r in chunks.type_rows.tolist())
-    slot_of = model.slot_index  # (type, k) -> column of the out-start tables
+    slot_of = program.slot_index  # (type, k) -> column of the out-start tables
     dump_row = np.asarray([arena_rows[t] for t, _ in sorted(slot_of, key=slot_of.get)] or [A], np.int64)
     v_row = _value_rows(rec, groups, chunks)
 
     def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
         row = dump_row.copy()  # slots the op lacks write their (zero) chunk to the dump rows
-        for j, slot in enumerate(model.ops[o].out_slots):
+        for j, slot in enumerate(program.ops[o].out_slots):
             row[slot_of[slot]] = base_row[j]
         return row
 
@@ -384,10 +387,10 @@ def schedule(model: Any, rec: Recorded, roots: list[np.ndarray], num_examples: i
     # Hoisted (depth-1) chunks, one per operation; tail chunks, one per (depth, operation).
     hoist_ops, hoist = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] == 1])
     tail_ops, tail = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] > loop_depth])
-    items = _items(model, groups, chunks, chunk, out_starts)
+    items = _items(program, groups, chunks, chunk, out_starts)
     branch, node, count, items_out, saved = _item_arrays(items, A, dump_row)
     consts = _const_tables(rec, arena_rows)
-    arrays = BatchArrays(consts, _input_rows(model, rec, groups, v_row, A + chunk), hoist, tail, branch, node,
+    arrays = BatchArrays(consts, _input_rows(program, rec, groups, v_row, A + chunk), hoist, tail, branch, node,
                          count, items_out, saved, np.asarray(len(items.branch), np.int32),
                          [v_row[r].astype(np.int32) for r in roots], _metric_arrays(rec, v_row, A))
     layout = BatchLayout(A, num_examples, items.loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,

@@ -149,12 +149,12 @@ def _fc_fold(width: int) -> fd.Block:
 
 def test_saved_row_bytes_are_the_matmul_outputs():
     compiler = fd.Compiler.create(_fc_fold(3), backward="save")
-    (o,) = [i for i, op in enumerate(compiler.ops) if isinstance(op.layer, fd.FC)]
+    (o,) = [i for i, op in enumerate(compiler.program.ops) if isinstance(op.layer, fd.FC)]
     for chunk in compiler.chunk_sizes:
         row_bytes = compiler.saved_row_bytes(chunk)
         assert row_bytes[o] == 3 * 4  # the FC's matmul output: 3 float32 per row
         assert [b for i, b in enumerate(row_bytes) if i != o] == [0] * (len(row_bytes) - 1)  # no matmuls
-        assert len(row_bytes) == len(compiler.ops) > 1
+        assert len(row_bytes) == len(compiler.program.ops) > 1
 
 
 def test_auto_saves_when_the_saved_buffers_fit_the_limit():
@@ -162,7 +162,7 @@ def test_auto_saves_when_the_saved_buffers_fit_the_limit():
     examples = [[[1.0] * 128] * n for n in (2, 5, 9)]
     compiler = fd.Compiler.create(_fc_fold(128), backward="save")
     saved = compiler.build_batch(examples).layout
-    (q,) = [q for q, o in enumerate(saved.loop_ops) if isinstance(compiler.ops[o].layer, fd.FC)]
+    (q,) = [q for q, o in enumerate(saved.loop_ops) if isinstance(compiler.program.ops[o].layer, fd.FC)]
     need = (saved.saved_rows[q] + saved.chunk) * 128 * 4  # the FC's buffer: rows + C dump rows
     for limit, saves in ((need, True), (need - 1, False), (0, False)):
         layout = fd.Compiler.create(_fc_fold(128), save_limit=limit).build_batch(examples).layout
@@ -178,7 +178,7 @@ def test_auto_saves_only_operations_worth_saving(width, worth):
     keeps it only from SAVE_INTENSITY = 64 up; ``save`` always keeps it."""
     examples = [[[1.0] * width] * n for n in (2, 5, 9)]
     save, auto = (fd.Compiler.create(_fc_fold(width), backward=b) for b in ("save", "auto"))
-    (o,) = [i for i, op in enumerate(auto.ops) if isinstance(op.layer, fd.FC)]
+    (o,) = [i for i, op in enumerate(auto.program.ops) if isinstance(op.layer, fd.FC)]
     flops = auto.executor.flops_per_row(o, auto.init(jax.random.key(0)))
     assert 4 * width * width <= flops <= 4 * width * width + 4 * width
     assert save.saved_row_bytes(128)[o] == width * 4
@@ -201,7 +201,7 @@ def test_models_without_matmuls_save_nothing():
     model = fd.Map(fd.Scalar()) >> fd.Fold(fd.Function(lambda h, x: jnp.tanh(h + x)), fd.FromTensor(np.float32(0)))
     for backward in ("save", "auto"):
         compiler = fd.Compiler.create(model, backward=backward)
-        assert compiler.saved_row_bytes(8) == (0,) * len(compiler.ops)
+        assert compiler.saved_row_bytes(8) == (0,) * len(compiler.program.ops)
         batch = compiler.build_batch([[1.0] * 9, [3.0] * 4])
         assert batch.layout.loop_ops and batch.layout.saved_rows == ()
         assert compiler.stats().saving == 0
@@ -221,7 +221,7 @@ class _HostSeededFC(fd.Layer):
 def test_saved_row_bytes_of_a_layer_whose_init_cannot_be_traced():
     model = fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> _HostSeededFC(), fd.FromTensor(np.zeros(2, np.float32)))
     compiler = fd.Compiler.create(model, backward="save")
-    (o,) = [i for i, op in enumerate(compiler.ops) if isinstance(op.layer, _HostSeededFC)]
+    (o,) = [i for i, op in enumerate(compiler.program.ops) if isinstance(op.layer, _HostSeededFC)]
     assert compiler.saved_row_bytes(128)[o] == 2 * 4
     assert compiler.build_batch([[[1.0, 2.0]] * 5]).layout.saved_rows
     # ``auto`` also counts its FLOPs from concrete parameters: 4 * 2 per row, too few to save.

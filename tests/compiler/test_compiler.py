@@ -35,7 +35,7 @@ def test_tuple_root_with_void_parts():
 
 def test_compiler_needs_create():
     with pytest.raises(TypeError, match="create"):
-        fd.Compiler()
+        fd.Compiler(fd.Scalar())
 
 
 def test_init_is_deterministic_and_per_name():

@@ -18,7 +18,8 @@ def _two_ways(make, examples):
         params = compiler.init(jax.random.key(0))
         batch = compiler.build_batch(examples)
         grads = jax.grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch).outputs)))(params)
-        out[fuse] = (compiler.apply(params, batch).outputs, grads, [op.spec.label for op in compiler.ops], batch.stats)
+        labels = [op.spec.label for op in compiler.program.ops]
+        out[fuse] = (compiler.apply(params, batch).outputs, grads, labels, batch.stats)
     for a, b in zip(jax.tree_util.tree_leaves(out[True][:2]), jax.tree_util.tree_leaves(out[False][:2])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     return out[True], out[False]

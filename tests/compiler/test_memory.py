@@ -30,7 +30,7 @@ def test_training_step_holds_one_forward_and_one_cotangent_arena():
     batch = compiler.build_batch(xs.tolist())
     layout = batch.layout
     assert layout.hoist_ops and layout.loop_ops and layout.tail_ops
-    wide = next(t for t, tt in enumerate(compiler.types) if tt.shape == (width,))
+    wide = next(t for t, tt in enumerate(compiler.program.types) if tt.shape == (width,))
     arena_bytes = (layout.arena_rows[wide] + layout.chunk) * width * 4
 
     def loss(p):

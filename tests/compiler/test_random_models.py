@@ -29,7 +29,7 @@ def _check(model: RandomModel, backward: str, chunk: int | tuple, seed: int = 0)
     # The batch's own layout: padding it with room to spare would hide writes past a region's end
     # (tests/scheduler/test_layouts.py checks padded batches).
     batch = compiler.build_batch(model.examples, exact_layout=True)
-    weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.root.output_type.shape), jnp.float32)
+    weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.program.root.output_type.shape), jnp.float32)
 
     def loss(out: jax.Array) -> jax.Array:
         return jnp.sum(jnp.sin(out * weights))

@@ -52,7 +52,7 @@ def test_weave_module_matches_numpy():
     module = weave.weave_module(5, 3, 4, name="w")
     model = fd.Record({"atoms": fd.Map(fd.Vector(weave.ATOM_FEATURES)),
                        "pairs": fd.Map(fd.Map(fd.Vector(weave.PAIR_FEATURES)))}) >> module
-    compiler = fd.Compiler._create(model, any_root=True, chunk_size=8)
+    compiler = fd.Compiler.for_eval(model)
     params = compiler.init(jax.random.key(1))
     assert sorted(params) == [f"w/{f}" for f in ("f_a", "f_aa", "f_ap", "f_p", "f_pa", "f_pp")]
     rng = np.random.default_rng(2)

@@ -31,7 +31,7 @@ def _exact(compiler: fd.Compiler, examples: list) -> fd.Batch:
 
 
 def _shapes(compiler: fd.Compiler) -> list:
-    return [(t.shape, t.dtype) for t in compiler.types]
+    return [(t.shape, t.dtype) for t in compiler.program.types]
 
 
 @pytest.mark.parametrize("seed", range(6))

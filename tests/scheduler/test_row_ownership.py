@@ -55,9 +55,9 @@ def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> int:
     """Replays ``batch``'s writes (see the module docstring); asserts on the first bad one and
     returns the number of row reads it checked."""
     arrays, layout = batch.arrays, batch.layout
-    C, ops, slot = layout.chunk, compiler.ops, compiler.slot_index
+    C, ops, slot = layout.chunk, compiler.program.ops, compiler.program.slot_index
     in_idx = np.asarray(arrays.in_idx)
-    arenas = _Arenas([layout.arena_rows[t] + C for t in range(len(compiler.types))])
+    arenas = _Arenas([layout.arena_rows[t] + C for t in range(len(compiler.program.types))])
 
     def run_groups(which: str, group_ops: tuple) -> None:
         groups = getattr(arrays, which)
@@ -98,10 +98,10 @@ def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> int:
         elif buffers:  # an operation that saves nothing writes its zeros to the dump rows
             saved[buffers.rows[0]:] = PAD
     run_groups("tail", layout.tail_ops)
-    for rows, t in zip(arrays.roots, [compiler.type_index[leaf] for leaf in compiler.root_leaves]):
+    for rows, t in zip(arrays.roots, [compiler.program.type_index[leaf] for leaf in compiler.program.root_leaves]):
         arenas.read(t, np.asarray(rows))
     for name, m in arrays.metrics.items():
-        arenas.read(compiler.type_index[compiler.metric_types[name]], m.rows[m.mask])
+        arenas.read(compiler.program.type_index[compiler.program.metric_types[name]], m.rows[m.mask])
     arenas.check_final()
     for start, nodes in saved_reads:  # the backward pass reads each item's saved rows back
         np.testing.assert_array_equal(saved[start:start + len(nodes)], nodes, "saved rows overwritten")

@@ -35,12 +35,13 @@ def _tree_model():
 
 
 def _build(compiler, examples, chunk):
-    builder = BatchBuilder(compiler)
+    builder = BatchBuilder(compiler.program)
     roots = []
     for i, e in enumerate(examples):
         builder.example_index = i
-        roots.append(walk(compiler.root, e, builder))
-    return builder, schedule(compiler, builder.arrays(), [np.asarray(roots)], len(examples), (chunk,), keep_host=True)
+        roots.append(walk(compiler.program.root, e, builder))
+    batch = schedule(compiler.program, builder.arrays(), [np.asarray(roots)], len(examples), (chunk,), keep_host=True)
+    return builder, batch
 
 
 def test_rows_are_unique_and_items_cover_every_loop_node_once():
@@ -89,7 +90,7 @@ def test_each_arena_has_its_own_types_rows_rounded_up():
     rng = random.Random(3)
     examples = [random_tree(rng, 40, lambda r: r.random()) for _ in range(4)]
     batch = compiler.build_batch(examples, exact_layout=True)
-    scalar, vector = (compiler.type_index[fd.TensorType(s)] for s in ((), (2,)))
+    scalar, vector = (compiler.program.type_index[fd.TensorType(s)] for s in ((), (2,)))
     rows = batch.layout.arena_rows
     assert batch.stats.type_rows[scalar] == 4 * 40 + 1 and rows[scalar] == 256
     assert batch.stats.type_rows[vector] == 4 * 79 and rows[vector] == 512 == batch.layout.size_class
@@ -130,7 +131,7 @@ def test_operations_near_the_results_run_after_the_loop():
     # distance: doubles of 2 and 3 (distance 2), doubles of 1 and 5, 6 and add(2, 3) (1), then
     # doubles of 4 and both roots' adds (0).
     assert batch.stats.num_items == 0 and batch.layout.loop_ops == () and batch.layout.hoist_ops == ()
-    kinds = ["add" if "add" in compiler.ops[o].spec.label else "double" for o in batch.layout.tail_ops]
+    kinds = ["add" if "add" in compiler.program.ops[o].spec.label else "double" for o in batch.layout.tail_ops]
     assert kinds == ["double", "double", "add", "double", "add"]
     assert batch.layout.tail_sizes == (8,) * 5
     out = jax.jit(compiler.apply)(compiler.init(jax.random.key(0)), batch).outputs
@@ -146,7 +147,7 @@ def test_an_operation_consumed_inside_the_loop_stays_in_it():
     compiler = fd.Compiler.create(model)
     examples = [(list(range(16)), 5.0), ([1.0, 2.0], 7.0)]
     batch = compiler.build_batch(examples)
-    op = compiler.block_ops[triple]
+    op = compiler.program.block_ops[triple]
     assert batch.layout.loop_ops and op not in batch.layout.tail_ops and op in batch.layout.hoist_ops
     out = compiler.apply(compiler.init(jax.random.key(0)), batch).outputs
     np.testing.assert_allclose(out, [2 * sum(s) + 3 * x for s, x in examples])

@@ -1,0 +1,260 @@
+"""``Program``: a compiled model as data, built from its block tree in small named steps.
+
+The batch builder, the scheduler and the executor read a model only through its
+``Program``: the arena types, the operations with their arena slots, which block
+calls which operation, the layers and metrics, and the host plan. It is frozen
+once built; ``Compiler`` holds one next to the per-run state (layouts handed
+out, statistics, worker processes, jitted functions).
+
+>>> import fold as fd
+>>> program = build_program(fd.Map(fd.Scalar() >> fd.FC(4)) >> fd.Sum())
+>>> [str(t) for t in program.types]
+['Tensor[float32, ()]', 'Tensor[float32, (4,)]']
+>>> [op.spec.key[0] for op in program.ops], sorted(program.layers)
+(['fused'], ['fc'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fold.blocks.base import Block, convert_to_block
+from fold.blocks.composition import Composition
+from fold.blocks.control import ForwardDeclaration, Metric
+from fold.blocks.layers import Layer, snake_case
+from fold.blocks.tensors import Concat, Function, OpSpec
+from fold.blocks.types import PyObjectType, TensorType, TupleType, Type, VoidType, tensor_types
+from fold.compiler.fusion import Fused, fuse_pipes
+from fold.scheduler.plan import HostPlan, leaf_paths
+
+__all__ = ["Program", "CompiledOp", "build_program", "root_is_tensors"]
+
+
+class CompiledOp:
+    """An operation (``OpSpec``) with its arena slots resolved.
+
+    Attributes:
+      spec: what the operation computes and its types.
+      layer: the layer whose parameters it reads, or None.
+      in_tidx, out_tidx: arena (type) index of each input and output.
+      in_slots, out_slots: ``(type, k)`` of each input and output: the
+        k-th value of that type among the operation's inputs or outputs.
+      in_paths: index path of each tensor input in the host value it takes.
+      check_inputs: the layer's check of constant inputs, where the layer
+        reads the operation's own inputs and overrides the check; else None.
+    """
+
+    def __init__(self, spec: OpSpec, type_index: Mapping[TensorType, int]):
+        self.spec = spec
+        self.layer = spec.layer
+        self.in_tidx = [type_index[t] for t in spec.in_types]
+        self.out_tidx = [type_index[t] for t in spec.out_types]
+        self.out_slots = _slots(self.out_tidx)
+        self.in_slots = _slots(self.in_tidx)
+        self.in_paths = leaf_paths(spec.in_type)
+        layer = spec.layer
+        overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
+        self.check_inputs = layer.check_constant_inputs if layer is not None and overridden and spec.layer_first \
+            else None
+
+
+def _slots(tidx: list[int]) -> list[tuple[int, int]]:
+    seen: dict[int, int] = {}
+    out = []
+    for t in tidx:
+        k = seen.get(t, 0)
+        seen[t] = k + 1
+        out.append((t, k))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """A compiled model: everything the builder, scheduler and executor read of it.
+
+    Attributes:
+      root: the root block (its input type set).
+      types: the arena types: every tensor type any block takes or gives.
+      type_index: position of each type in ``types``.
+      ops: the operations, merged by ``OpSpec.key`` (equal functions batch).
+      block_ops: per operation block (or ``Fused`` run), its index in ``ops``.
+      slot_index: per output slot ``(type, k)`` any operation has, its
+        column in the scheduler's out-start tables.
+      pipe_steps: per pipe with fused runs, its steps (blocks and ``Fused``).
+      layers: per layer name, the layer and its input type.
+      metric_types: per metric name (sorted), the tensor type of its values.
+      root_leaves: the tensor types of the root's output leaves, in order
+        (empty when the root outputs void or is not tensors, under ``eval``).
+      host_plan: the block tree compiled to straight-line Python
+        (``fold/scheduler/plan.py``), made from the fields above.
+    """
+
+    root: Block
+    types: tuple[TensorType, ...]
+    type_index: Mapping[TensorType, int]
+    ops: tuple[CompiledOp, ...]
+    block_ops: Mapping[Any, int]
+    slot_index: Mapping[tuple[int, int], int]
+    pipe_steps: Mapping[Block, tuple[Any, ...]]
+    layers: Mapping[str, tuple[Layer, Type]]
+    metric_types: Mapping[str, TensorType]
+    root_leaves: tuple[TensorType, ...]
+    host_plan: HostPlan = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host_plan", HostPlan(self))
+
+
+def build_program(root_block: Any, any_root: bool = False, fuse: bool = True) -> Program:
+    """Validates and type-checks ``root_block`` and compiles it to a ``Program``.
+
+    Args:
+      root_block: a block, or anything ``convert_to_block`` takes.
+      any_root: accept any root output type (``Block.eval``); else the root
+        must output tensors, tuples of them, or void with a ``Metric``.
+      fuse: run each run of operations in a pipe as one (``fusion.py``).
+
+    Returns:
+      The frozen ``Program``.
+
+    Raises:
+      TypeError: a type cannot be inferred, does not check, or the root or a
+        layer or metric is used with types it cannot have.
+      ValueError: an unresolved ``ForwardDeclaration``, an invalid
+        ``Composition``, or two layers with one name.
+    """
+    root, blocks = _checked_tree(root_block, any_root)
+    types = tuple(dict.fromkeys(t for b in blocks for side in (b.input_type, b.output_type)
+                                for t in tensor_types(side)))
+    type_index = {t: i for i, t in enumerate(types)}
+    pipe_steps = fuse_pipes(blocks) if fuse else {}
+    ops, block_ops = _operations(blocks, pipe_steps, type_index)
+    slot_index: dict[tuple[int, int], int] = {}
+    for op in ops:
+        for slot in op.out_slots:
+            slot_index.setdefault(slot, len(slot_index))
+    out = root.output_type
+    return Program(
+        root=root, types=types, type_index=type_index, ops=ops, block_ops=block_ops, slot_index=slot_index,
+        pipe_steps=pipe_steps, layers=_named_layers(ops), metric_types=_metric_types(blocks),
+        root_leaves=tuple(out.tensor_leaves()) if out is not None and root_is_tensors(out) else (),
+    )
+
+
+def root_is_tensors(t: Type) -> bool:
+    """Whether a compiled root may output ``t``: tensors, void, or non-empty tuples of them."""
+    if isinstance(t, (TensorType, VoidType)):
+        return True
+    return isinstance(t, TupleType) and len(t) > 0 and all(root_is_tensors(i) for i in t)
+
+
+def _all_blocks(root: Block) -> list[Block]:
+    """Every block reachable from ``root`` (children, declarations), in DFS order."""
+    seen: set[int] = set()
+    order: list[Block] = []
+    stack = [root]
+    while stack:
+        b = stack.pop()
+        if id(b) in seen:
+            continue
+        seen.add(id(b))
+        order.append(b)
+        stack.extend(reversed(b.children()))
+    return order
+
+
+def _checked_tree(root_block: Any, any_root: bool) -> tuple[Block, list[Block]]:
+    """The root block and every block of its tree, every type known and the root's allowed."""
+    root = convert_to_block(root_block)
+    if root.input_type is None:
+        root.set_input_type(PyObjectType())
+    for b in _all_blocks(root):
+        if isinstance(b, ForwardDeclaration) and b.target is None:
+            raise ValueError(f"{b!r} was never resolved: call resolve_to(block)")
+        if isinstance(b, Composition):
+            b._validate()
+    blocks = _all_blocks(root)  # validating a composition can set types that reach more blocks
+    for b in blocks:
+        for side, t in (("input", b.input_type), ("output", b.output_type)):
+            if t is None:
+                raise TypeError(f"cannot infer the {side} type of {b!r} in {root!r}; pin it with set_{side}_type()")
+    out = root.output_type
+    if not any_root:
+        if not root_is_tensors(out):
+            raise TypeError(f"the root {root!r} outputs {out}: a compiled root must output tensors, tuples of "
+                            "tensors or void (use block.eval to look at other values)")
+        if isinstance(out, VoidType) and not any(isinstance(b, Metric) for b in blocks):
+            raise TypeError(f"the root {root!r} outputs void and has no Metric: it computes nothing")
+    return root, blocks
+
+
+def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Block, tuple[Any, ...]],
+                type_index: Mapping[TensorType, int]) -> tuple[tuple[CompiledOp, ...], dict[Any, int]]:
+    """The operations, merged by key so equal functions batch together, and each operation
+    block's (or fused run's) index among them."""
+    fused = {m: step for steps in pipe_steps.values() for step in steps if isinstance(step, Fused)
+             for m in step.blocks}
+    ops: list[CompiledOp] = []
+    block_ops: dict[Any, int] = {}
+    by_key: dict[Any, int] = {}
+    for b in blocks:
+        if not isinstance(b, (Function, Concat)):
+            continue
+        op_block = fused.get(b, b)
+        if op_block in block_ops:
+            continue
+        spec = op_block.op_spec()
+        if spec.key not in by_key:
+            by_key[spec.key] = len(ops)
+            ops.append(CompiledOp(spec, type_index))
+        block_ops[op_block] = by_key[spec.key]
+    return tuple(ops), block_ops
+
+
+def _named_layers(ops: Sequence[CompiledOp]) -> dict[str, tuple[Layer, Type]]:
+    """Every layer by name with its one input type; unnamed layers get their class's snake-case
+    name, numbered past the names taken."""
+    layer_types: dict[Layer, Type] = {}
+    for op in ops:
+        if op.layer is None:
+            continue
+        prev = layer_types.get(op.layer)
+        if prev is not None and prev != op.spec.layer_in_type:
+            raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {op.spec.layer_in_type}; "
+                            "a layer has one input type (its parameters depend on it)")
+        layer_types[op.layer] = op.spec.layer_in_type
+    named: dict[str, Layer] = {}
+    for layer in layer_types:
+        if layer.name is None:
+            continue
+        if layer.name in named:
+            raise ValueError(f"two different layers are named {layer.name!r} in one model: "
+                             f"{named[layer.name]!r} and {layer!r}")
+        named[layer.name] = layer
+    used = set(named)
+    for layer in layer_types:
+        if layer.name is None:
+            base = snake_case(type(layer).__name__)
+            name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
+                        if n not in used)
+            layer.name_if_unnamed(name)
+            used.add(name)
+    return {str(layer.name): (layer, t) for layer, t in layer_types.items()}
+
+
+def _metric_types(blocks: Sequence[Block]) -> dict[str, TensorType]:
+    """Per metric name, sorted, the one tensor type its values have."""
+    types: dict[str, TensorType] = {}
+    for m in blocks:
+        if not isinstance(m, Metric):
+            continue
+        t = m.input_type
+        assert isinstance(t, TensorType)  # Metric's input type is checked to be a tensor
+        prev = types.get(m.metric_name)
+        if prev is not None and prev != t:
+            raise TypeError(f"metric {m.metric_name!r} gets both {prev} and {t}")
+        types[m.metric_name] = t
+    return dict(sorted(types.items()))
