@@ -7,11 +7,11 @@ once built; ``Compiler`` holds one next to the per-run state (layouts handed
 out, statistics, worker processes, jitted functions).
 
 >>> import fold as fd
->>> program = build_program(fd.Map(fd.Scalar() >> fd.FC(4)) >> fd.Sum())
->>> [str(t) for t in program.types]
-['Tensor[float32, ()]', 'Tensor[float32, (4,)]']
->>> [op.spec.key[0] for op in program.ops], sorted(program.layers)
-(['fused'], ['fc'])
+>>> program = build_program(fd.Map(fd.Vector(2) >> fd.FC(4)) >> fd.Sum())
+>>> program.types
+(TensorType((4,), 'float32'), TensorType((2,), 'float32'))
+>>> [op.spec.label for op in program.ops], sorted(program.layers)
+(['Function(FC)', 'Function(add)'], ['fc'])
 """
 
 from __future__ import annotations
