@@ -269,6 +269,17 @@ class Block(metaclass=_BlockMeta):
         With ``params=None`` the parameters are initialised from
         ``jax.random.key(0)``.
 
+        Args:
+          example: one input of this block's input type.
+          params: parameters from ``Compiler.for_eval(block).init``, or None.
+
+        Returns:
+          The output as host values (see above).
+
+        Raises:
+          As ``Compiler.build_batch`` for a malformed example, and as
+          ``Compiler.create`` for a block whose types do not check.
+
         >>> import fold as fd
         >>> float(fd.Scalar().eval(3))
         3.0

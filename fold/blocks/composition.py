@@ -145,8 +145,8 @@ class Composition(Block):
             if all(o is not None for o in outs):
                 tup = TupleType(*outs)
                 if t is None:
-                    set_type(dst, "input", tup, lambda e, srcs=srcs, tup=tup, dst=dst: type_error(
-                        srcs[0], tup, dst, "(unknown)", "and the other sources give", str(e)))
+                    set_type(dst, "input", tup, lambda e, src=srcs[0], tup=tup, dst=dst: type_error(  # type: ignore[misc]
+                        src, tup, dst, "(unknown)", "and the other sources give", str(e)))
                 elif t != tup:
                     raise type_error(srcs[0], tup, dst, t, "and the other sources give", "input type")
             elif isinstance(t, TupleType) and len(t) == len(srcs):

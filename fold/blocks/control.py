@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import reprlib
 from collections.abc import Callable
 from typing import Any
@@ -65,9 +66,9 @@ class OneOf(Block):
         # The case keys: ``self._cases`` maps each key to its case (indices for a sequence of cases).
         keyed = list(enumerate(self._case_list)) if self._indexed else list(self._cases.items())
         for key, case in keyed:
-            self._unify_case(key, lambda case=case: unify(src, side, case, "input"))
+            self._unify_case(key, functools.partial(unify, src, side, case, "input"))
         for key, case in keyed:
-            self._unify_case(key, lambda case=case: unify(case, "output", self, "output"))
+            self._unify_case(key, functools.partial(unify, case, "output", self, "output"))
 
     def _unify_case(self, key: Any, unify_it: Callable[[], None]) -> None:
         """Runs ``unify_it``; a type conflict names the case's key, which the blocks alone do not."""

@@ -23,6 +23,8 @@ from fold.blocks.types import (
     Type,
     VoidType,
     convert_to_type,
+    fold_type,
+    is_tensor_tree,
 )
 
 __all__ = [
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 
-def to_array(x: Any, ttype: TensorType) -> np.ndarray:
+def to_array(x: Any, ttype: TensorType) -> np.ndarray | np.generic:
     """Converts a host value to an array of ``ttype``, with errors of their natural type."""
     if ttype.shape == () and type(x) in (int, float):
         return _scalar(x, ttype)
@@ -110,7 +112,7 @@ def scalar_converter(ttype: TensorType) -> Any:
     return None
 
 
-def _scalar(x: int | float, ttype: TensorType) -> np.generic:
+def _scalar(x: int | float, ttype: TensorType) -> np.ndarray | np.generic:
     """The common case of ``to_array``, a Python number to a scalar, without building arrays."""
     target = _np_dtype(ttype.dtype)
     kind = target.kind
@@ -306,13 +308,9 @@ def zeros_value(t: Type, ctx: Any) -> Any:
 
 
 def _check_zeroable(t: Type) -> None:
-    if isinstance(t, PyObjectType):
+    if fold_type(t, lambda _: False, lambda _, items: any(items), lambda _, element: element,
+                 lambda leaf: isinstance(leaf, PyObjectType)):
         raise TypeError(f"Zeros cannot make a value of {t}")
-    if isinstance(t, TupleType):
-        for i in t:
-            _check_zeroable(i)
-    if isinstance(t, SequenceType):
-        _check_zeroable(t.element_type)
 
 
 class Zeros(Block):
@@ -324,22 +322,17 @@ class Zeros(Block):
         t = convert_to_type(output_type)
         _check_zeroable(t)
         super().__init__(name, None, t)
+        self._zeros_type = t
         # Values made of tensor ids and tuples are immutable: share one per batch.
-        self._shareable = _tensors_and_tuples(t)
+        self._shareable = is_tensor_tree(t)
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:
         if not self._shareable:
-            return zeros_value(self.output_type, ctx)
+            return zeros_value(self._zeros_type, ctx)
         cached = ctx.block_cache.get(self)
         if cached is None:
-            cached = ctx.block_cache[self] = zeros_value(self.output_type, ctx)
+            cached = ctx.block_cache[self] = zeros_value(self._zeros_type, ctx)
         return cached
-
-
-def _tensors_and_tuples(t: Type) -> bool:
-    if isinstance(t, TupleType):
-        return all(_tensors_and_tuples(i) for i in t)
-    return isinstance(t, TensorType)
 
 
 class Optional(Block):

@@ -86,7 +86,7 @@ class Layer(abc.ABC):
 
     def _apply_keyed(self, params: Any, *inputs: Any, key: jax.Array | None) -> Any:
         """``apply``, passing ``key`` only to stochastic layers."""
-        return self.apply(params, *inputs, key=key) if self.stochastic else self.apply(params, *inputs)
+        return self.apply(params, *inputs, key=key) if self.stochastic else self.apply(params, *inputs)  # type: ignore[call-arg]
 
     def check_constant_inputs(self, *inputs: np.ndarray) -> None:  # noqa: B027 (optional hook)
         """Validates host-known input values at ``build_batch`` (override to check; raise to reject).
@@ -198,7 +198,7 @@ class Embedding(Layer):
             ids = jnp.remainder(ids, self.num_buckets)
         return params["table"][ids]
 
-    def check_constant_inputs(self, ids: np.ndarray) -> None:
+    def check_constant_inputs(self, ids: np.ndarray) -> None:  # type: ignore[override]  # one input
         bad = (ids < 0) | (ids >= self.num_buckets)
         if not self.mod_inputs and bad.any():
             raise ValueError(f"{self!r}: id {int(ids[bad][0])} is outside [0, {self.num_buckets}) "

@@ -217,8 +217,8 @@ class RNN(Block):
         elem = _element_type(self, seq) if seq is not None else None
         if (not self.from_input and self.initial_state is None and elem is not None
                 and isinstance(elem, TensorType) and hasattr(self._cell_layer, "state_type")):
-            state = _with_dtype(self._cell_layer.state_type, elem.dtype)  # type: ignore[union-attr]
-            self.initial_state = self._adopt(Zeros(state))
+            zero = _with_dtype(self._cell_layer.state_type, elem.dtype)  # type: ignore[union-attr]
+            self.initial_state = self._adopt(Zeros(zero))
             _void_input(self, self.initial_state)
         state = self._state_type()
         if elem is not None and state is not None:
@@ -351,7 +351,8 @@ class Zip(Block):
     def _infer(self) -> None:
         t = self.input_type
         if isinstance(t, TupleType):
-            set_child(self, SequenceType(TupleType(*[i.element_type for i in t])), self, "output", "output")
+            elements = [i.element_type for i in t if isinstance(i, SequenceType)]  # all are (checked)
+            set_child(self, SequenceType(TupleType(*elements)), self, "output", "output")
         elif isinstance(t, PyObjectType):
             set_child(self, t, self, "output", "output")
 

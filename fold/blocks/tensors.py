@@ -174,23 +174,30 @@ class Function(Block):
                 pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
                 res = jax.eval_shape(lambda p, *a: layer._apply_keyed(p, *a, key=None), pshape, *args)
             else:
-                res = jax.eval_shape(self.fn, *args)
+                res = jax.eval_shape(self._function(), *args)
         except TypeError as e:
             raise TypeError(f"{self!r} cannot be applied to input type {t}: {e}") from None
         except Exception as e:  # shape errors surface as ValueError etc. from user code
             raise TypeError(f"{self!r} cannot be applied to input type {t}: {type(e).__name__}: {e}") from None
         return result_type(self, res)
 
+    def _function(self) -> Callable:
+        """The plain function this block runs (it has no layer)."""
+        assert not isinstance(self.fn, Layer)
+        return self.fn
+
     def op_spec(self) -> OpSpec:
         """The operation this block runs (its types must be known)."""
         in_type, out_type = self.input_type, self.output_type
         assert in_type is not None and out_type is not None
-        layer, fn = self.layer, self.fn
+        layer = self.layer
 
         if layer is not None:
             def run(params: Any, rng: Any, *flat: Any) -> list:
                 return jax.tree_util.tree_leaves(layer._apply_keyed(params, *call_args(in_type, list(flat)), key=rng))
             return OpSpec((layer, in_type), repr(self), in_type, out_type, run, layer)
+
+        fn = self._function()
 
         def run_fn(params: Any, rng: Any, *flat: Any) -> list:
             return jax.tree_util.tree_leaves(fn(*call_args(in_type, list(flat))))

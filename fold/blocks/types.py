@@ -20,11 +20,13 @@ TupleType(TensorType((), 'float32'), PyObjectType())
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
+
+R = TypeVar("R")
 
 __all__ = [
     "Type",
@@ -36,6 +38,8 @@ __all__ = [
     "VoidType",
     "convert_to_type",
     "tensor_types",
+    "fold_type",
+    "is_tensor_tree",
     "canonical_dtype",
 ]
 
@@ -65,7 +69,7 @@ class Type(abc.ABC):
         """The structural identity used for equality and hashing."""
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._key() == other._key()  # type: ignore[attr-defined]
+        return type(self) is type(other) and self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self._key()))
@@ -215,19 +219,47 @@ class VoidType(Type):
         return "VoidType()"
 
 
+def fold_type(t: Type, tensor: Callable[[TensorType], R], tuple_: Callable[[TupleType, list[R]], R],
+              sequence: Callable[[SequenceType, R], R], other: Callable[[Type], R]) -> R:
+    """Folds the type tree ``t`` bottom-up: each tensor type gives ``tensor(t)``, each tuple
+    ``tuple_(t, [results of its items])``, each sequence (broadcast or not) ``sequence(t, result of
+    its element type)``, and PyObject and void ``other(t)``. The library's walks over types are
+    this one walk.
+
+    >>> count = lambda t: fold_type(t, lambda _: 1, lambda _, items: sum(items), lambda _, e: e, lambda _: 0)
+    >>> count(TupleType(TensorType((2,)), SequenceType(TupleType(TensorType(()), VoidType()))))
+    2
+    """
+    if isinstance(t, TensorType):
+        return tensor(t)
+    if isinstance(t, TupleType):
+        return tuple_(t, [fold_type(i, tensor, tuple_, sequence, other) for i in t])
+    if isinstance(t, SequenceType):
+        return sequence(t, fold_type(t.element_type, tensor, tuple_, sequence, other))
+    return other(t)
+
+
 def tensor_types(t: Type | None) -> list[TensorType]:
     """Every tensor type inside ``t``, in order, including those of sequence elements.
 
     >>> tensor_types(TupleType(TensorType((2,)), SequenceType(TensorType(()))))
     [TensorType((2,), 'float32'), TensorType((), 'float32')]
     """
-    if isinstance(t, TensorType):
-        return [t]
-    if isinstance(t, TupleType):
-        return [leaf for item in t for leaf in tensor_types(item)]
-    if isinstance(t, SequenceType):
-        return tensor_types(t.element_type)
-    return []
+    if t is None:
+        return []
+    return fold_type(t, lambda leaf: [leaf], lambda _, items: [x for item in items for x in item],
+                     lambda _, element: element, lambda _: [])
+
+
+def is_tensor_tree(t: Type, empty_tuples: bool = True) -> bool:
+    """Whether ``t`` is made only of tensors, tuples and voids (no sequences or PyObjects);
+    ``empty_tuples=False`` also refuses empty tuples.
+
+    >>> is_tensor_tree(TupleType(TensorType(()), VoidType())), is_tensor_tree(SequenceType(TensorType(())))
+    (True, False)
+    """
+    return fold_type(t, lambda _: True, lambda tt, items: all(items) and (empty_tuples or len(items) > 0),
+                     lambda *_: False, lambda leaf: isinstance(leaf, VoidType))
 
 
 def _canonicalize(t: Type) -> Type:

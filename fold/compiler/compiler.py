@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fold.blocks.base import Repeat
-from fold.blocks.tensors import flatten_value
+from fold.blocks.tensors import flatten_value, unflatten_value
 from fold.blocks.types import (
     BroadcastSequenceType,
     SequenceType,
@@ -139,6 +139,26 @@ class Compiler:
         layer each (``fold/compiler/fusion.py``): fewer nodes, loop
         iterations and branches to compile, the same numbers. Depths then
         count a fused run once; ``fuse=False`` gives Fold's depths.
+
+        Args:
+          root_block: the model: a block, or anything ``convert_to_block``
+            takes (a function, a tuple or dict of blocks).
+          chunk_size: C, or candidates for it (powers of two >= 8).
+          backward: ``"auto"``, ``"save"`` or ``"recompute"``.
+          save_limit: bytes a batch may save under ``"auto"``.
+          max_layouts: layouts handed out before batches are padded into
+            any layout they fit.
+          fuse: run runs of operations in a pipe as one operation.
+
+        Returns:
+          A ``Compiler`` holding the model's ``Program``.
+
+        Raises:
+          TypeError: a type cannot be inferred or does not check (the
+            message names the blocks and types), or the root outputs
+            something other than tensors, tuples of them or void.
+          ValueError: an unresolved ``ForwardDeclaration``, a miswired
+            ``Composition``, two layers with one name, or a bad option.
         """
         if not isinstance(fuse, bool):
             raise TypeError(f"fuse must be True or False, got {fuse!r}")
@@ -158,6 +178,12 @@ class Compiler:
 
         Each layer's key is derived from ``key`` and its name, so adding a
         layer does not change the others' initial values.
+
+        Args:
+          key: a PRNG key, e.g. ``jax.random.key(0)``.
+
+        Returns:
+          ``{layer name: that layer's parameter pytree}``.
         """
         params = {}
         for name, (layer, t) in sorted(self.program.layers.items()):
@@ -165,7 +191,13 @@ class Compiler:
         return params
 
     def prepare_params(self, params: Any) -> dict:
-        """Checks ``params`` and stops gradients of non-trainable layers."""
+        """Checks ``params`` and stops gradients of non-trainable layers (``apply`` calls this).
+
+        Raises:
+          TypeError: ``params`` is not a dict, or a layer's parameters have
+            another structure, shape or dtype than ``init`` gives them.
+          KeyError: a layer has no entry.
+        """
         if not isinstance(params, dict):
             raise TypeError(f"params must be the dict from compiler.init, got {type(params).__name__}")
         missing = [n for n in self.program.layers if n not in params]
@@ -182,7 +214,7 @@ class Compiler:
     def _param_structs(self) -> Any:
         """What ``init`` gives: per layer, its parameters' shapes and dtypes (which depend on
         whether 64-bit types are on)."""
-        x64 = bool(jax.config.jax_enable_x64)
+        x64 = bool(jax.config.read("jax_enable_x64"))
         if x64 not in self._param_structs_by_x64:
             self._param_structs_by_x64[x64] = abstract_params(self.init)
         return self._param_structs_by_x64[x64]
@@ -195,7 +227,7 @@ class Compiler:
             want, got = self._param_structs[name], params[name]
             want_leaves, want_tree = jax.tree_util.tree_flatten_with_path(want)
             got_leaves, got_tree = jax.tree_util.tree_flatten_with_path(got)
-            if want_tree != got_tree:
+            if want_tree != got_tree:  # type: ignore[operator]  # jaxlib's stubs omit PyTreeDef.__ne__
                 raise TypeError(f"params[{name!r}] has structure {got_tree}, but layer {name!r} has "
                                 f"{want_tree}; make params with compiler.init")
             for (path, w), (_, g) in zip(want_leaves, got_leaves):
@@ -255,6 +287,20 @@ class Compiler:
         where it fits (see ``Compiler.create``); ``exact_layout=True`` gives
         it the layout that fits it exactly instead, outside that set: one
         compilation per distinct layout, for measuring a batch on its own.
+
+        Args:
+          examples: Python examples the root block takes, or examples
+            recorded with ``record`` (a slice or index array of them).
+          exact_layout: give the batch its own layout (see above).
+
+        Returns:
+          A ``Batch`` for ``apply``; ``batch.stats`` counts its nodes,
+          depths and rows.
+
+        Raises:
+          KeyError, TypeError, ValueError, OverflowError: a malformed
+            example, with its index and block path in the message.
+          ValueError: no examples, or examples another compiler recorded.
         """
         batch = self._saving.decide(self._build_batch(examples))
         if not exact_layout:
@@ -291,6 +337,18 @@ class Compiler:
         (``InputTransform``, ``OneOf`` keys) ran once per example, so do not
         record examples whose host functions draw random numbers.
         ``progress=True`` shows a progress bar (needs ``tqdm``).
+
+        Args:
+          examples: the examples, walked in order.
+          progress: show a progress bar.
+
+        Returns:
+          ``RecordedExamples``: indexable like a list (ints, slices, index
+          arrays), accepted by this compiler's ``build_batch`` and
+          ``batches``.
+
+        Raises:
+          As ``build_batch``, for the first malformed example.
 
         Example::
 
@@ -332,20 +390,40 @@ class Compiler:
         call: a fork costs the caller a copy-on-write page fault for every
         page of its heap it writes afterwards (docs/performance.md), so it
         is paid once, not once per epoch. Workers need spare cores to pay off.
+
+        Args:
+          examples: Python examples or ``RecordedExamples``.
+          batch_size: examples per batch (> 0).
+          shuffle: permute the examples first.
+          num_workers: worker processes building ahead (0 builds in the
+            caller, between steps).
+          drop_remainder: skip the last batch when it is partial.
+          seed: seed of the permutation (None: fresh entropy).
+
+        Yields:
+          ``Batch``es, in the (shuffled) order of the examples.
+
+        Raises:
+          ValueError: ``batch_size <= 0`` or ``num_workers < 0``.
+          As ``build_batch``, for a malformed example (naming its index in
+            ``examples``); RuntimeError if a worker dies.
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        recorded = isinstance(examples, RecordedExamples)
-        if not recorded:
-            examples = list(examples)
-        order = np.arange(len(examples))
-        if shuffle:
-            order = np.random.default_rng(seed).permutation(len(examples))
-        stop = len(examples) - len(examples) % batch_size if drop_remainder else len(examples)
-        chunks = [examples[idx] if recorded else ExampleChunk([examples[j] for j in idx], idx.tolist())
-                  for idx in (order[i:i + batch_size] for i in range(0, stop, batch_size))]
+        recorded: RecordedExamples | None = None
+        listed: list[Any] = []
+        if isinstance(examples, RecordedExamples):
+            recorded = examples
+        else:
+            listed = list(examples)
+        n = len(recorded) if recorded is not None else len(listed)
+        order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+        stop = n - n % batch_size if drop_remainder else n
+        chunks: list[RecordedExamples | ExampleChunk] = [
+            recorded[idx] if recorded is not None else ExampleChunk([listed[j] for j in idx], idx.tolist())
+            for idx in (order[i:i + batch_size] for i in range(0, stop, batch_size))]
         built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
                  else build_ahead(self._build_batch, chunks, num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
@@ -369,6 +447,22 @@ class Compiler:
         the compiler (one compilation per layout). ``compiler.apply`` is the
         same object every time, so ``jax.jit(compiler.apply)`` written inline
         in a loop reuses JAX's cache instead of tracing again.
+
+        Args (of the function):
+          params: the dict ``init`` made (or a trained copy).
+          batch: a ``Batch`` this compiler built.
+          key: a PRNG key for stochastic layers, or None.
+
+        Returns (of the function):
+          ``Result(outputs, metrics)``: ``outputs`` the root's tensors with
+          one row per example (a tuple for a tuple root, None for void);
+          ``metrics`` per name a ``MetricValues`` (padded values, ``mask``,
+          ``example``).
+
+        Raises (of the function):
+          TypeError: ``batch`` is not a ``Batch``, ``key`` not a PRNG key,
+            or ``params`` do not match ``init`` (see ``prepare_params``).
+          ValueError: the batch was built by another compiler.
         """
         return self._apply
 
@@ -389,8 +483,8 @@ class Compiler:
         arrays = batch.arrays
         program = self.program
         leaves = [arenas[program.type_index[t]][rows] for t, rows in zip(program.root_leaves, arrays.roots)]
-        out_type = program.root.output_type
-        outputs = self._nest(out_type, iter(leaves)) if root_is_tensors(out_type) else None
+        out_type = program.output_type
+        outputs = unflatten_value(out_type, leaves)[0] if root_is_tensors(out_type) else None
         metrics = {}
         for name, t in program.metric_types.items():
             m = arrays.metrics[name]
@@ -402,13 +496,6 @@ class Compiler:
 
     def _arenas(self, params: Any, batch: Batch, key: jax.Array | None = None) -> dict:
         return self.executor.arenas(self.prepare_params(params), batch, key)
-
-    def _nest(self, t: Type, leaves: Iterator) -> Any:
-        if isinstance(t, TensorType):
-            return next(leaves)
-        if isinstance(t, TupleType):
-            return tuple(self._nest(i, leaves) for i in t)
-        return None
 
     def stats(self, reset: bool = False) -> CompilerStats:
         """Counts of what this compiler has built and traced (see ``CompilerStats``).
@@ -434,6 +521,7 @@ class Compiler:
         except InvalidConstant as e:
             self._raise_invalid_constant([example], e)
         host = batch.host
+        assert host is not None  # kept: keep_host=True
         arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}
 
         def convert(v: Any, t: Type) -> Any:
@@ -449,7 +537,7 @@ class Compiler:
                 return None
             return v
 
-        out = convert(value, self.program.root.output_type)
+        out = convert(value, self.program.output_type)
         if not self.program.metric_types:
             return out
         metrics = {name: [convert(vid, t) for vid in builder.metric_values[name]]

@@ -295,7 +295,7 @@ class Executor:
         return branches
 
     def _forward_loop(self, lparams: Any, arenas: dict, arrays: BatchArrays, layout: BatchLayout, key: Any,
-                      plans: dict) -> tuple[dict, dict]:
+                      plans: dict) -> tuple[dict, list]:
         """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
         buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
@@ -512,7 +512,7 @@ class _SavedBuffers(NamedTuple):
         keys: list = []
         first: list = []
         ends: list = []  # per buffer: the end of its last region's spill rows
-        of_leaves = {}
+        of_leaves: dict[int, list] = {}
         for q in sorted(plans):
             seen: dict = {}
             of_leaves[q] = []

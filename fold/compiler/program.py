@@ -26,7 +26,7 @@ from fold.blocks.composition import Composition
 from fold.blocks.control import ForwardDeclaration, Metric
 from fold.blocks.layers import Layer, snake_case
 from fold.blocks.tensors import Concat, Function, OpSpec
-from fold.blocks.types import PyObjectType, TensorType, TupleType, Type, VoidType, tensor_types
+from fold.blocks.types import PyObjectType, TensorType, Type, VoidType, is_tensor_tree, tensor_types
 from fold.compiler.fusion import Fused, fuse_pipes
 from fold.scheduler.plan import HostPlan, leaf_paths
 
@@ -77,13 +77,14 @@ class Program:
 
     Attributes:
       root: the root block (its input type set).
+      output_type: the root's output type.
       types: the arena types: every tensor type any block takes or gives.
       type_index: position of each type in ``types``.
       ops: the operations, merged by ``OpSpec.key`` (equal functions batch).
       block_ops: per operation block (or ``Fused`` run), its index in ``ops``.
       slot_index: per output slot ``(type, k)`` any operation has, its
         column in the scheduler's out-start tables.
-      pipe_steps: per pipe with fused runs, its steps (blocks and ``Fused``).
+      pipe_steps: per pipe with fused runs, its steps (blocks and ``Fused`` runs).
       layers: per layer name, the layer and its input type.
       metric_types: per metric name (sorted), the tensor type of its values.
       root_leaves: the tensor types of the root's output leaves, in order
@@ -93,12 +94,13 @@ class Program:
     """
 
     root: Block
+    output_type: Type
     types: tuple[TensorType, ...]
     type_index: Mapping[TensorType, int]
     ops: tuple[CompiledOp, ...]
     block_ops: Mapping[Any, int]
     slot_index: Mapping[tuple[int, int], int]
-    pipe_steps: Mapping[Block, tuple[Any, ...]]
+    pipe_steps: Mapping[Any, Sequence[Any]]
     layers: Mapping[str, tuple[Layer, Type]]
     metric_types: Mapping[str, TensorType]
     root_leaves: tuple[TensorType, ...]
@@ -137,18 +139,17 @@ def build_program(root_block: Any, any_root: bool = False, fuse: bool = True) ->
         for slot in op.out_slots:
             slot_index.setdefault(slot, len(slot_index))
     out = root.output_type
+    assert out is not None  # _checked_tree checked every type
     return Program(
-        root=root, types=types, type_index=type_index, ops=ops, block_ops=block_ops, slot_index=slot_index,
-        pipe_steps=pipe_steps, layers=_named_layers(ops), metric_types=_metric_types(blocks),
-        root_leaves=tuple(out.tensor_leaves()) if out is not None and root_is_tensors(out) else (),
+        root=root, output_type=out, types=types, type_index=type_index, ops=ops, block_ops=block_ops,
+        slot_index=slot_index, pipe_steps=pipe_steps, layers=_named_layers(ops), metric_types=_metric_types(blocks),
+        root_leaves=tuple(out.tensor_leaves()) if root_is_tensors(out) else (),
     )
 
 
 def root_is_tensors(t: Type) -> bool:
     """Whether a compiled root may output ``t``: tensors, void, or non-empty tuples of them."""
-    if isinstance(t, (TensorType, VoidType)):
-        return True
-    return isinstance(t, TupleType) and len(t) > 0 and all(root_is_tensors(i) for i in t)
+    return is_tensor_tree(t, empty_tuples=False)
 
 
 def _all_blocks(root: Block) -> list[Block]:
@@ -182,6 +183,7 @@ def _checked_tree(root_block: Any, any_root: bool) -> tuple[Block, list[Block]]:
             if t is None:
                 raise TypeError(f"cannot infer the {side} type of {b!r} in {root!r}; pin it with set_{side}_type()")
     out = root.output_type
+    assert out is not None  # checked just above
     if not any_root:
         if not root_is_tensors(out):
             raise TypeError(f"the root {root!r} outputs {out}: a compiled root must output tensors, tuples of "
@@ -191,7 +193,7 @@ def _checked_tree(root_block: Any, any_root: bool) -> tuple[Block, list[Block]]:
     return root, blocks
 
 
-def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Block, tuple[Any, ...]],
+def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Any, Sequence[Any]],
                 type_index: Mapping[TensorType, int]) -> tuple[tuple[CompiledOp, ...], dict[Any, int]]:
     """The operations, merged by key so equal functions batch together, and each operation
     block's (or fused run's) index among them."""

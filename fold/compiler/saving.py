@@ -100,7 +100,7 @@ class SavePolicy:
         op_bytes = self.row_bytes(layout.chunk)
         row_bytes = [op_bytes[o] for o in layout.loop_ops]
         rows = tuple(max(padded_rows(r), layout.size_class // SAVED_SHARE) if b else 0
-                     for r, b in zip(batch.stats.saved_rows, row_bytes))
+                     for r, b in zip(batch.built_stats().saved_rows, row_bytes))
         saved_bytes = saved_buffer_bytes(rows, row_bytes, layout.chunk)
         if not saved_bytes or (self.backward == "auto" and saved_bytes > self.save_limit):
             return ()

@@ -142,4 +142,4 @@ def _listen() -> None:
     with _listening_lock:
         if not _listening:
             _listening.append(True)
-            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)  # type: ignore[arg-type]

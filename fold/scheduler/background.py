@@ -118,7 +118,7 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None
             try:
                 if isinstance(chunk, ByReference):
                     chunk = chunk.resolve()
-                message = (True, build(chunk), None)
+                message: tuple[bool, Any, str | None] = (True, build(chunk), None)
             except Exception as e:
                 message = (False, _picklable(e), traceback.format_exc())
             conn.send(message)
@@ -168,7 +168,7 @@ class WorkerPool:
         """Whether this pool has ``n`` live workers and nothing in flight."""
         return len(self.procs) == n and self.in_flight == 0 and all(p.is_alive() for p in self.procs)
 
-    def submit(self, i: int, chunk: list) -> None:
+    def submit(self, i: int, chunk: Any) -> None:
         """Sends job ``i``: build ``chunk``, a list of examples or recorded examples (by reference
         when the workers hold their recording: indices instead of arrays)."""
         if isinstance(chunk, RecordedExamples):
@@ -253,9 +253,9 @@ class IdlePool:
         """Keeps ``pool`` (which must have nothing in flight) for the next call; a pool kept
         before is stopped."""
         with self._lock:
-            pool, self._pool = self._pool, pool
-        if pool is not None:
-            pool.stop()
+            kept, self._pool = self._pool, pool
+        if kept is not None:
+            kept.stop()
 
     def close(self) -> None:
         """Stops the kept pool, if any."""
@@ -275,7 +275,7 @@ def _in_order(n: int, window: int, submit: Any, result: Any) -> Iterator[Any]:
         yield result(i)
 
 
-def _with_threads(build: Build, chunks: Sequence[list], num_workers: int, ahead: int) -> Iterator[Any]:
+def _with_threads(build: Build, chunks: Sequence[Any], num_workers: int, ahead: int) -> Iterator[Any]:
     pool = ThreadPoolExecutor(num_workers)
     pending: deque = deque()
     try:
@@ -286,7 +286,7 @@ def _with_threads(build: Build, chunks: Sequence[list], num_workers: int, ahead:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _with_processes(build: Build, chunks: Sequence[list], num_workers: int, ahead: int,
+def _with_processes(build: Build, chunks: Sequence[Any], num_workers: int, ahead: int,
                     idle: IdlePool) -> Iterator[Any]:
     pool = idle.take(build, num_workers)
     try:
@@ -299,7 +299,7 @@ def _with_processes(build: Build, chunks: Sequence[list], num_workers: int, ahea
             pool.stop()
 
 
-def build_ahead(build: Build, chunks: Sequence[list], num_workers: int, idle: IdlePool,
+def build_ahead(build: Build, chunks: Sequence[Any], num_workers: int, idle: IdlePool,
                 ahead: int = 2) -> Iterator[Any]:
     """Yields the batch of every chunk, in order, built in the background by ``build``
     by the workers of ``idle`` (or threads where processes cannot be forked)."""

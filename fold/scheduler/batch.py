@@ -37,7 +37,7 @@ class GroupArrays(NamedTuple):
     """The groups run whole, before the loop (hoisted) or after it (tail), ``G`` of them."""
 
     node: np.ndarray   # [G] int32: the group's first node
-    count: np.ndarray  # [G] int32: its nodes (0 for a group a padded layout adds, which runs nothing)
+    count: np.ndarray  # type: ignore[assignment]  # [G] int32: its nodes (0 for a group a padded layout adds)
     out: np.ndarray    # [G, slots] int32: per output slot, the arena row of the group's first output
 
 
@@ -106,6 +106,12 @@ class Batch:
         """This batch with other arrays or another layout (same host info, stats and owner)."""
         return Batch(self.arrays if arrays is None else arrays, self.layout if layout is None else layout,
                      self.host, self.stats, self.owner)
+
+    def built_stats(self) -> BatchStats:
+        """``stats``, which every batch built on the host has (a batch inside traced code has none)."""
+        if self.stats is None:
+            raise ValueError("this batch has no stats: it was rebuilt inside traced code")
+        return self.stats
 
     def __repr__(self) -> str:
         nodes = f", nodes={self.stats.num_nodes}" if self.stats is not None else ""

@@ -204,7 +204,7 @@ class BatchBuilder:
             return f"example {i}"
         return f"example {self.dataset_indices[i]} (position {i} in its batch)"
 
-    def steps(self, pipe: Any) -> list:
+    def steps(self, pipe: Any) -> Sequence[Any]:
         """The blocks ``pipe`` runs: its children, or its children with runs of operations fused
         (``fold/compiler/fusion.py``)."""
         return self.program.pipe_steps.get(pipe) or pipe.children()

@@ -150,7 +150,7 @@ def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
         return max(need, min(cap, 2 * need)) if headroom and need > have else max(have, need)
 
     loop_ops = tuple(sorted(set(a.loop_ops) | set(b.loop_ops)))
-    saved_rows = ()
+    saved_rows: tuple[int, ...] = ()
     if a.saved_rows:
         sa, sb = _saved_of(a), _saved_of(b)
         saved_rows = tuple(grow(sa.get(o, 0), sb.get(o, 0)) for o in loop_ops)
@@ -178,8 +178,9 @@ def _grow(x: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
     return out
 
 
-def _pad_groups(groups: GroupArrays, positions: list[int], n: int) -> GroupArrays:
+def _pad_groups(groups: GroupArrays, positions: list[int] | None, n: int) -> GroupArrays:
     """``groups`` at ``positions`` among ``n`` groups; the others have no rows."""
+    assert positions is not None  # (from ``_embed``) the layout was picked because they fit
     out = GroupArrays(np.zeros(n, np.int32), np.zeros(n, np.int32),
                       np.zeros((n, groups.out.shape[1]), np.int32))
     for field, src in zip(out, groups):
@@ -280,16 +281,17 @@ class LayoutPolicy:
             if kind[0] <= TINY_BATCH:
                 continue
             joined = functools.reduce(join, (b.layout for b in members))
-            A = max(joined.size_class, next_pow2(_bound([max(b.stats.rows, b.stats.num_nodes) for b in members])))
+            stats = [b.built_stats() for b in members]
+            A = max(joined.size_class, next_pow2(_bound([max(s.rows, s.num_nodes) for s in stats])))
 
-            def bounded(have: tuple, needs: list[np.ndarray]) -> tuple:
+            def bounded(have: tuple, needs: Sequence[Any]) -> tuple:
                 rows = [padded_rows(_bound(n)) for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
                 return tuple(max(h, min(A, r)) for h, r in zip(have, rows))
 
             saved = [[_saved_of(b.layout).get(o, 0) for o in joined.loop_ops] for b in members]
             layout = joined._replace(
                 size_class=A,
-                arena_rows=bounded(joined.arena_rows, [b.stats.type_rows for b in members]),
+                arena_rows=bounded(joined.arena_rows, [s.type_rows for s in stats]),
                 hoist_sizes=bounded(joined.hoist_sizes, [_group_rows(b.arrays.hoist, b.layout.hoist_ops,
                                                                      b.layout.hoist_sizes, joined.hoist_ops,
                                                                      joined.hoist_sizes) for b in members]),
@@ -329,7 +331,7 @@ class LayoutPolicy:
                     len(layout.loop_ops), len(layout.hoist_ops), len(layout.tail_ops))
 
 
-def _bound(needs: Sequence[int]) -> int:
+def _bound(needs: Sequence[int] | np.ndarray) -> int:
     """What a sample's ``needs`` say later batches need: their largest, or their mean plus
     ``SPREAD`` standard deviations if that is more."""
     x = np.asarray(needs, np.float64)

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fold.blocks.types import TensorType, TupleType
+from fold.blocks.types import TensorType, TupleType, Type, fold_type
 from fold.scheduler.walk import walk
 
 if TYPE_CHECKING:
@@ -40,14 +40,14 @@ __all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH"]
 # one Python frame, so this stays well inside Python's default limit of 1000.
 MAX_PLAN_DEPTH = 200
 
+# One arm of an emitted ``if`` chain: its condition (None for ``else``) and what emits its body.
+Arm = tuple[str | None, Callable[[], None]]
 
-def leaf_paths(t: Any, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+
+def leaf_paths(t: Type) -> list[tuple[int, ...]]:
     """Index paths (``(1, 0)`` for ``x[1][0]``) of the tensor ids in a host value of type ``t``, in order."""
-    if isinstance(t, TensorType):
-        return [path]
-    if isinstance(t, TupleType):
-        return [p for i, item in enumerate(t) for p in leaf_paths(item, (*path, i))]
-    return []  # void
+    return fold_type(t, lambda _: [()], lambda _, items: [(i, *p) for i, paths in enumerate(items) for p in paths],
+                     lambda *_: [], lambda _: [])
 
 
 def _subscript(path: tuple[int, ...]) -> str:
@@ -55,8 +55,12 @@ def _subscript(path: tuple[int, ...]) -> str:
     return "".join(f"[{k}]" for k in path)
 
 
+def _tuple_expr(items: list[str]) -> str:
+    return "(" + "".join(f"{item}, " for item in items) + ")"
+
+
 def value_expr(t: Any, first: str, leaf: Callable[[str], str] = lambda e: e,
-               tup: Callable[[list[str]], str] = lambda items: "(" + "".join(f"{v}, " for v in items) + ")",
+               tup: Callable[[list[str]], str] = _tuple_expr,
                void: Callable[[], str] = lambda: "None") -> str:
     """An expression for the host value of type ``t`` whose tensor ids are ``first, first + 1, ...``.
     ``leaf``, ``tup`` and ``void`` make each part from its id expression or items (the emitter passes
@@ -149,7 +153,7 @@ class Emitter:
         self.branches([(f"type({x}) is not list", lambda: self.line(f"{out} = {self.walk_call(block, x)}")),
                        (None, loop)])
 
-    def branches(self, arms: list[tuple[str | None, Callable[[], None]]]) -> None:
+    def branches(self, arms: list[Arm]) -> None:
         """``if``/``elif`` arms (``else`` where the condition is None); each arm emits its body."""
         for i, (condition, body) in enumerate(arms):
             self.line("else:" if condition is None else f"{'elif' if i else 'if'} {condition}:")
@@ -178,7 +182,7 @@ class Emitter:
     def walk_call(self, block: Any, x: str) -> str:
         return f"_walk({self.bind(block, 'b')}, {x}, ctx)"
 
-    def steps(self, pipe: Any) -> list:
+    def steps(self, pipe: Any) -> Sequence[Any]:
         """The blocks ``pipe`` runs (see ``BatchBuilder.steps``)."""
         return self.program.pipe_steps.get(pipe) or pipe.children()
 

@@ -129,7 +129,7 @@ class ByReference(NamedTuple):
 
     serial: int
     owner: str
-    index: np.ndarray
+    index: np.ndarray  # type: ignore[assignment]  # a NamedTuple field named like tuple's method
 
     def resolve(self) -> RecordedExamples:
         """The recorded examples, in a process that holds the recording."""
@@ -205,7 +205,7 @@ class RecordedExamples:
         return {"data": self._selected(), "owner": self._owner}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(_Store(state["data"]), state["owner"])
+        self.__init__(_Store(state["data"]), state["owner"])  # type: ignore[misc]
 
     def merged(self) -> tuple[Recorded, list[np.ndarray]]:
         """The selected examples as one batch's recorded work, and its root ids per root leaf."""
@@ -233,7 +233,8 @@ def record(program: Program, examples: Iterable[Any], owner: str) -> RecordedExa
     roots = np.asarray([flatten_value(v) for v in outputs] if n_leaves else [], np.int64)
     starts = np.asarray(counts, np.int64)
     n_types = len(program.types)
-    data = _Data(rec, roots.reshape(len(outputs), n_leaves), *starts[:, :3].T, starts[:, 3:3 + n_types],
+    val_start, node_start, in_start = starts[:, :3].T
+    data = _Data(rec, roots.reshape(len(outputs), n_leaves), val_start, node_start, in_start, starts[:, 3:3 + n_types],
                  {name: starts[:, 3 + n_types + k] for k, name in enumerate(rec.metric_values)})
     local, roots = _renumber(data, -1)
     # Ids within one example fit in 32 bits; stored for a whole dataset, 64 would double the memory.

@@ -186,7 +186,7 @@ class _Chunks(NamedTuple):
 
     group: list           # per chunk: its group
     start: list           # its first position in sorted order
-    count: list           # its nodes
+    count: list  # type: ignore[assignment]  # a NamedTuple field named like tuple's method: its nodes
     base: np.ndarray      # [chunks, most outputs]: first arena row of each output
     type_rows: np.ndarray  # [types]: rows each arena uses (constants and outputs)
 
@@ -280,7 +280,7 @@ class _Items(NamedTuple):
     loop_ops: tuple      # operations with items, sorted
     branch: list         # per item: loop_ops position * item sizes + size position
     node: list           # its first node
-    count: list          # its nodes
+    count: list  # type: ignore[assignment]  # a NamedTuple field named like tuple's method: its nodes
     out: list            # per output slot, the row its C rows go to
     saved: list          # its offset in its operation's saved rows
     saved_rows: list     # per loop operation: rows its items' saved chunks take
@@ -367,7 +367,7 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
     # a model's types fill very different numbers of rows.
     arena_rows = tuple(min(A, padded_rows(r)) for r in chunks.type_rows.tolist())
     slot_of = program.slot_index  # (type, k) -> column of the out-start tables
-    dump_row = np.asarray([arena_rows[t] for t, _ in sorted(slot_of, key=slot_of.get)] or [A], np.int64)
+    dump_row = np.asarray([arena_rows[t] for t, _ in sorted(slot_of, key=lambda slot: slot_of[slot])] or [A], np.int64)
     v_row = _value_rows(rec, groups, chunks)
 
     def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
