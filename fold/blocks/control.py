@@ -198,6 +198,12 @@ class _Reference(Block):
             raise ValueError(f"{self.decl!r} is called on an object it is already processing, so it would "
                              f"recurse forever: the input contains itself ({reprlib.repr(x)}), or the recursion "
                              "consumes no input")
+        limit = ctx.program.limits.max_recursion
+        if len(ctx.recursing) >= limit:
+            raise ValueError(f"{self.decl!r} recurses more than {limit:,} calls deep: raise the limit with "
+                             "Compiler.create(max_recursion=...) if the input is meant to be this deep, or check "
+                             "that the recursion consumes its input")
+        ctx.check_size()
         ctx.recursing.add(call)
         try:
             return (yield target, x, None)

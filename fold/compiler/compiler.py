@@ -33,6 +33,7 @@ from fold.blocks.types import (
     VoidType,
 )
 from fold.compiler.executor import Executor
+from fold.compiler.numerics import check_numerics
 from fold.compiler.program import Program, build_program, root_is_tensors
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
@@ -40,7 +41,7 @@ from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.errors import InvalidConstant
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.batch import Batch
-from fold.scheduler.builder import BatchBuilder, ExampleChunk, gc_paused, run_examples
+from fold.scheduler.builder import DEFAULT_LIMITS, BatchBuilder, ExampleChunk, ExampleLimits, gc_paused, run_examples
 from fold.scheduler.layouts import LayoutPolicy
 from fold.scheduler.records import RecordedExamples, record
 from fold.scheduler.schedule import MIN_ITEM, schedule
@@ -99,7 +100,8 @@ class Compiler:
     @classmethod
     def create(cls, root_block: Any, chunk_size: int | Sequence[int] = CHUNK_SIZES,
                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS,
-               fuse: bool = True) -> Compiler:
+               fuse: bool = True, max_example_nodes: int = DEFAULT_LIMITS.max_nodes,
+               max_recursion: int = DEFAULT_LIMITS.max_recursion) -> Compiler:
         """Validates and type-checks ``root_block`` and enumerates its operations.
 
         ``chunk_size`` is C, the most rows a loop iteration runs, or several
@@ -140,6 +142,11 @@ class Compiler:
         iterations and branches to compile, the same numbers. Depths then
         count a fused run once; ``fuse=False`` gives Fold's depths.
 
+        ``max_example_nodes`` and ``max_recursion`` bound one example's
+        host work (operation calls, nested ``ForwardDeclaration`` calls):
+        an example past either raises ValueError naming it, where an input
+        that recursed without end would otherwise fill the memory.
+
         Args:
           root_block: the model: a block, or anything ``convert_to_block``
             takes (a function, a tuple or dict of blocks).
@@ -149,6 +156,8 @@ class Compiler:
           max_layouts: layouts handed out before batches are padded into
             any layout they fit.
           fuse: run runs of operations in a pipe as one operation.
+          max_example_nodes: most operation calls of one example.
+          max_recursion: most nested recursive calls in one example.
 
         Returns:
           A ``Compiler`` holding the model's ``Program``.
@@ -162,7 +171,12 @@ class Compiler:
         """
         if not isinstance(fuse, bool):
             raise TypeError(f"fuse must be True or False, got {fuse!r}")
-        return cls(build_program(root_block, fuse=fuse), chunk_size, backward, save_limit, max_layouts)
+        for name, value in (("max_example_nodes", max_example_nodes), ("max_recursion", max_recursion)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        limits = ExampleLimits(int(max_example_nodes), int(max_recursion))
+        return cls(build_program(root_block, fuse=fuse, limits=limits), chunk_size, backward, save_limit,
+                   max_layouts)
 
     @classmethod
     def for_eval(cls, block: Any) -> Compiler:
@@ -496,6 +510,38 @@ class Compiler:
 
     def _arenas(self, params: Any, batch: Batch, key: jax.Array | None = None) -> dict:
         return self.executor.arenas(self.prepare_params(params), batch, key)
+
+    def check_numerics(self, params: Any, examples: Iterable[Any],
+                       loss: Callable[[Result], jax.Array] | None = None,
+                       dataset_indices: Sequence[int] | None = None) -> None:
+        """Raises FloatingPointError naming the first example whose values or gradients are not
+        finite (a debugging aid: run it on the examples of a step whose loss or gradients are NaN).
+
+        One NaN in one example makes every gradient of a batched step NaN,
+        even when that example is masked out of the loss. This builds
+        ``examples`` into one batch, runs it and reads every value: the first
+        NaN or inf, in the order the walk made them, is reported with its
+        example and what made it (an input value, or an operation such as
+        ``Function(FC)``). If all values are finite, it takes the gradient of
+        each example's loss in a batch of its own (one step per example, in
+        the few layouts of a second compiler of the same program, so this
+        compiler's layouts and statistics are untouched) and names the first
+        example whose gradient is not finite, and which parameters.
+
+        Args:
+          params: the parameters the step used.
+          examples: the examples to check (those of the bad batch).
+          loss: ``loss(result) -> [examples in the batch]``, each example's
+            loss (called on batches of one example); by default the sum of
+            its outputs and metric values.
+          dataset_indices: each example's index in the dataset, for the
+            message (e.g. ``range(start, stop)`` for a slice).
+
+        Raises:
+          FloatingPointError: a value or a gradient is NaN or infinite.
+          ValueError: no examples, or ``loss`` returns another shape.
+        """
+        check_numerics(self, params, list(examples), loss, dataset_indices)
 
     def stats(self, reset: bool = False) -> CompilerStats:
         """Counts of what this compiler has built and traced (see ``CompilerStats``).

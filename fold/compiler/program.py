@@ -28,6 +28,7 @@ from fold.blocks.layers import Layer, snake_case
 from fold.blocks.tensors import Concat, Function, OpSpec
 from fold.blocks.types import PyObjectType, TensorType, Type, VoidType, is_tensor_tree, tensor_types
 from fold.compiler.fusion import Fused, fuse_pipes
+from fold.scheduler.builder import DEFAULT_LIMITS, ExampleLimits
 from fold.scheduler.plan import HostPlan, leaf_paths
 
 __all__ = ["Program", "CompiledOp", "build_program", "root_is_tensors"]
@@ -89,6 +90,7 @@ class Program:
       metric_types: per metric name (sorted), the tensor type of its values.
       root_leaves: the tensor types of the root's output leaves, in order
         (empty when the root outputs void or is not tensors, under ``eval``).
+      limits: bounds on one example's host work (``ExampleLimits``).
       host_plan: the block tree compiled to straight-line Python
         (``fold/scheduler/plan.py``), made from the fields above.
     """
@@ -104,13 +106,15 @@ class Program:
     layers: Mapping[str, tuple[Layer, Type]]
     metric_types: Mapping[str, TensorType]
     root_leaves: tuple[TensorType, ...]
+    limits: ExampleLimits = DEFAULT_LIMITS
     host_plan: HostPlan = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host_plan", HostPlan(self))
 
 
-def build_program(root_block: Any, any_root: bool = False, fuse: bool = True) -> Program:
+def build_program(root_block: Any, any_root: bool = False, fuse: bool = True,
+                  limits: ExampleLimits = DEFAULT_LIMITS) -> Program:
     """Validates and type-checks ``root_block`` and compiles it to a ``Program``.
 
     Args:
@@ -118,6 +122,7 @@ def build_program(root_block: Any, any_root: bool = False, fuse: bool = True) ->
       any_root: accept any root output type (``Block.eval``); else the root
         must output tensors, tuples of them, or void with a ``Metric``.
       fuse: run each run of operations in a pipe as one (``fusion.py``).
+      limits: bounds on one example's host work.
 
     Returns:
       The frozen ``Program``.
@@ -143,7 +148,7 @@ def build_program(root_block: Any, any_root: bool = False, fuse: bool = True) ->
     return Program(
         root=root, output_type=out, types=types, type_index=type_index, ops=ops, block_ops=block_ops,
         slot_index=slot_index, pipe_steps=pipe_steps, layers=_named_layers(ops), metric_types=_metric_types(blocks),
-        root_leaves=tuple(out.tensor_leaves()) if root_is_tensors(out) else (),
+        root_leaves=tuple(out.tensor_leaves()) if root_is_tensors(out) else (), limits=limits,
     )
 
 

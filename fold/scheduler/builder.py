@@ -25,7 +25,25 @@ from fold.scheduler.walk import walk
 if TYPE_CHECKING:
     from fold.compiler.program import Program
 
-__all__ = ["BatchBuilder", "ExampleChunk", "Recorded", "gc_paused", "const_table", "run_examples"]
+__all__ = ["BatchBuilder", "DEFAULT_LIMITS", "ExampleChunk", "ExampleLimits", "Recorded", "gc_paused", "const_table",
+           "run_examples"]
+
+
+class ExampleLimits(NamedTuple):
+    """Bounds on the host work of one example, so that no input makes a build run forever.
+
+    A recursion that makes a new object at every level (``InputTransform(lambda x: [x])``
+    feeding its own declaration) consumes nothing and is not caught by the check for
+    cycles, which compares objects; these limits stop it, and any example too large to be
+    meant. The defaults are far above SST (about 100 operation calls a tree) and the
+    10,000-deep trees of the tests; set them with ``Compiler.create``.
+    """
+
+    max_nodes: int = 1_000_000       # operation calls of one example
+    max_recursion: int = 100_000     # nested ForwardDeclaration calls
+
+
+DEFAULT_LIMITS = ExampleLimits()
 
 
 @contextlib.contextmanager
@@ -84,6 +102,8 @@ class BatchBuilder:
     def __init__(self, program: Program):
         self.program = program
         self.example_index: int | None = None
+        self.example_start = 0  # the current example's first node
+        self.value_starts: list[int] = []  # each example's first value id
         # Where each example of the batch sits in the dataset the user gave (``Compiler.batches``).
         self.dataset_indices: Sequence[int] | None = None
         # Per tensor value id: arena (type) index, depth, producing node (-1 for
@@ -119,12 +139,28 @@ class BatchBuilder:
         only ran out of recursion depth).
         """
         mark = self._mark()
+        self.value_starts.append(mark[0])
+        self.example_start = mark[1]
         try:
-            return self._plan_run(x, 0)
+            out = self._plan_run(x, 0)
         except Exception:
             self._rollback(mark)
+        else:
+            self.check_size()
+            return out
         self.recursing.clear()  # what a failed walk left
-        return walk(self.program.root, x, self)
+        out = walk(self.program.root, x, self)
+        self.check_size()
+        return out
+
+    def check_size(self) -> None:
+        """Raises ValueError if the current example has more operation calls than
+        ``ExampleLimits.max_nodes`` (the walk checks at every recursive call, the plan at the end)."""
+        nodes = len(self.n_op) - self.example_start
+        if nodes > self.program.limits.max_nodes:
+            raise ValueError(f"{self.where()} makes more than {self.program.limits.max_nodes:,} operation calls "
+                             f"({nodes:,} so far): raise the limit with Compiler.create(max_example_nodes=...) "
+                             "if the example is meant to be this large")
 
     def finish(self) -> None:
         """Ends recording. The plan's entry points are closures over this builder and each

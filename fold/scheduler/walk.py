@@ -25,6 +25,10 @@ class InputError:
     attribute = "_fold_input_error"
 
 
+# Blocks shown at each end of an error's block path; the ones between are counted.
+PATH_ENDS = 12
+
+
 def _message(e: BaseException) -> str:
     if isinstance(e, KeyError) and len(e.args) == 1:
         return str(e.args[0])
@@ -37,6 +41,8 @@ def _rewrap(e: BaseException, stack: list, block: Block, where: str) -> BaseExce
     parts = [label if isinstance(label, str) else label[0].format(*label[1:])
              for _, _, label in stack if label is not None]
     parts.append(block._path_name())
+    if len(parts) > 2 * PATH_ENDS:  # a deep recursion: its start and where it failed say enough
+        parts[PATH_ENDS:-PATH_ENDS] = [f"... {len(parts) - 2 * PATH_ENDS} blocks ..."]
     path = " > ".join(parts)
     msg = f"{where}: at {path}: {_message(e)}"
     cls = type(e)

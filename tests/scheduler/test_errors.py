@@ -112,6 +112,48 @@ def test_a_recursion_that_consumes_no_input_is_an_error_not_a_hang():
         fd.Compiler.create(decl()).build_batch([1.0])
 
 
+def _ever_deeper(**limits: int) -> fd.Compiler:
+    """A recursion that wraps a copy of its input in a new list at every level, calling ``sin`` on
+    the way back: no object repeats, so only the limits stop it."""
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    decl.resolve_to(fd.OneOf(lambda x: isinstance(x, list), {
+        False: fd.Scalar(),
+        True: fd.InputTransform(lambda x: [list(x)]) >> fd.Map(decl()) >> fd.Sum() >> fd.Function(jnp.sin)}))
+    return fd.Compiler.create(decl(), **limits)
+
+
+def test_a_recursion_that_makes_new_objects_stops_at_the_recursion_limit():
+    with pytest.raises(ValueError, match=r"example 1: at OneOf > Map\[0\] > .* blocks \.\.\. > .*"
+                                         r"recurses more than 100,000 calls deep.*max_recursion"):
+        _ever_deeper().build_batch([1.0, [2.0]])
+    with pytest.raises(ValueError, match="more than 300 calls deep") as raised:
+        _ever_deeper(max_recursion=300).build_batch([[2.0]])
+    assert len(str(raised.value)) < 1000  # the block path of a deep recursion is shortened
+
+
+def test_an_example_past_the_node_limit_is_named_by_its_dataset_index():
+    compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(jnp.sin)) >> fd.Sum(), max_example_nodes=100)
+    assert compiler.build_batch([[1.0] * 40, [1.0] * 40]).stats.num_nodes > 100  # the limit is per example
+    with pytest.raises(ValueError, match=r"example 5 \(position 1 in its batch\) makes more than 100 operation "
+                                         r"calls.*max_example_nodes"):
+        list(compiler.batches([[1.0]] * 5 + [[1.0] * 200], batch_size=4))
+    # Recursive calls check as they go: here every level calls sin before it recurses.
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    deeper = fd.InputTransform(lambda x: [list(x)]) >> fd.Map(decl()) >> fd.Sum()
+    decl.resolve_to(fd.OneOf(lambda x: isinstance(x, list), {
+        False: fd.Scalar(),
+        True: fd.AllOf(fd.InputTransform(len) >> fd.Scalar() >> fd.Function(jnp.sin), deeper) >> fd.Function(jnp.add)}))
+    with pytest.raises(ValueError, match="example 0: at .*makes more than 50 operation calls"):
+        fd.Compiler.create(decl(), max_example_nodes=50).build_batch([[1.0]])
+
+
+@pytest.mark.parametrize("option", ["max_example_nodes", "max_recursion"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "10"])
+def test_limits_must_be_positive_ints(option, value):
+    with pytest.raises(ValueError, match=f"{option} must be an int >= 1"):
+        fd.Compiler.create(fd.Scalar(), **{option: value})
+
+
 @pytest.mark.parametrize("container, hint", [({"a": 1.0, "b": 2.0}, "got a dict.*items"),
                                              ({1.0, 2.0}, "got a set.*order varies")])
 def test_a_dict_or_set_given_to_map_is_an_error_not_its_keys(container, hint):

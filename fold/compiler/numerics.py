@@ -1,0 +1,105 @@
+"""``Compiler.check_numerics``: the first example and operation whose value or gradient is not finite.
+
+One NaN in one example's input makes every parameter's gradient NaN, even when that example is
+masked out of the loss: the batched backward matmul multiplies the masked rows' zero cotangents
+by the NaN activations, and 0 x NaN is NaN. Batching cannot avoid that, so this finds the
+example instead: it builds the examples into one batch, keeping where every value lives, runs the
+forward pass and reads every value row; the first non-finite value, in the order the walk made
+them, is where the trouble starts (values computed from it come later). If every value is finite
+it takes the gradient of each example's loss on its own (one compilation, one backward pass per
+example) and names the first example whose gradient is not finite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fold.compiler.result import Result
+from fold.scheduler.builder import run_examples
+from fold.scheduler.schedule import schedule
+
+if TYPE_CHECKING:
+    from fold.compiler.compiler import Compiler
+
+__all__ = ["check_numerics"]
+
+
+def _example_losses(result: Result, n: int) -> jax.Array:
+    """The default per-example loss: the sum of every output and metric value of each example
+    (so a gradient reaches everything the examples compute)."""
+    total = jnp.zeros(n)
+    for leaf in jax.tree_util.tree_leaves(result.outputs):
+        total = total + leaf.reshape(n, -1).sum(axis=1)
+    for m in result.metrics.values():
+        values = m.values.reshape(m.values.shape[0], -1).sum(axis=1)
+        total = total.at[jnp.where(m.mask, m.example, n)].add(values, mode="drop")
+    return total
+
+
+def check_numerics(compiler: Compiler, params: Any, examples: Sequence[Any],
+                   loss: Callable[[Result], jax.Array] | None = None,
+                   dataset_indices: Sequence[int] | None = None) -> None:
+    """See ``Compiler.check_numerics``."""
+    examples = list(examples)
+    if not examples:
+        raise ValueError("check_numerics needs at least one example")
+    if dataset_indices is not None and len(dataset_indices) != len(examples):
+        raise ValueError(f"dataset_indices has {len(dataset_indices)} entries for {len(examples)} examples")
+    program = compiler.program
+    builder, outputs = run_examples(program, examples, dataset_indices=dataset_indices)
+    rec = builder.arrays()
+    batch = schedule(program, rec, compiler._roots(outputs), len(examples), compiler.chunk_sizes, keep_host=True,
+                     owner=compiler._token)
+    assert batch.host is not None  # keep_host=True
+
+    def name(i: int) -> str:
+        return f"example {i}" if dataset_indices is None else f"example {dataset_indices[i]} (position {i})"
+
+    # Values: per float type, which of its value ids hold a non-finite row.
+    arenas = {t: np.asarray(a) for t, a in compiler._arenas_jit(params, batch).items()}
+    bad: list[int] = []
+    for t, arena in arenas.items():
+        if not np.issubdtype(arena.dtype, np.inexact):
+            continue
+        ids = np.flatnonzero(batch.host.v_type == t)
+        if not len(ids):
+            continue
+        rows = arena[batch.host.v_row[ids]].reshape(len(ids), -1)
+        bad.extend(ids[~np.isfinite(rows).all(axis=1)].tolist())
+    if bad:
+        v = min(bad)
+        i = int(np.searchsorted(builder.value_starts, v, side="right")) - 1
+        t = program.types[int(batch.host.v_type[v])]
+        node = int(rec.v_node[v])
+        if node < 0:
+            source = f"an input value of type {t} (a constant the host made from the example)"
+        else:
+            source = f"the output of {program.ops[int(rec.n_op[node])].spec.label} (type {t})"
+        raise FloatingPointError(f"{name(i)}: {source} is not finite: "
+                                 f"{np.asarray(arenas[int(batch.host.v_type[v])][batch.host.v_row[v]]).tolist()}")
+
+    # Gradients: each example in a batch of its own. Within one batch, an example whose local
+    # derivative is infinite poisons the others' gradients (0 x inf), like a NaN value does.
+    # A second compiler of the same program keeps this compiler's layouts and counts untouched.
+    alone = type(compiler)(program, compiler.chunk_sizes, compiler.backward, compiler.save_limit)
+
+    def total_loss(p: Any, b: Any) -> jax.Array:
+        result = alone.apply(p, b)
+        per_example = _example_losses(result, 1) if loss is None else jnp.asarray(loss(result))
+        if per_example.shape != (1,):
+            raise ValueError(f"loss must return one value per example of the batch it gets, shape (1,) for "
+                             f"the batches of one example check_numerics takes gradients of, got {per_example.shape}")
+        return per_example[0]
+
+    grad = jax.jit(jax.grad(total_loss))
+    for i, x in enumerate(examples):
+        g = grad(params, alone.build_batch([x]))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(g)[0]:
+            if not np.isfinite(np.asarray(leaf)).all():
+                raise FloatingPointError(f"{name(i)}: the gradient of its loss is not finite in "
+                                         f"params{jax.tree_util.keystr(path)} (its values are all finite)")
