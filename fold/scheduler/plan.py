@@ -233,7 +233,8 @@ class Emitter:
         self.line(f"def {name}(x, depth):")
         with self.nested():
             if check_depth:
-                self.line(f"if depth > {MAX_PLAN_DEPTH}:")
+                # Deeper than the plan recurses, or near the limit: the walk goes on, or raises.
+                self.line(f"if depth > {min(MAX_PLAN_DEPTH, self.program.limits.max_recursion - 1)}:")
                 with self.nested():
                     self.line("raise _TooDeep")
             self.line(f"return {self.emit(block, 'x')}")

@@ -131,6 +131,23 @@ def test_a_recursion_that_makes_new_objects_stops_at_the_recursion_limit():
     assert len(str(raised.value)) < 1000  # the block path of a deep recursion is shortened
 
 
+def test_a_recursion_limit_below_the_plans_depth_is_kept_too():
+    """The host plan recurses up to 200 levels itself; a lower limit holds there as well."""
+    deep = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    deep.resolve_to(fd.OneOf(lambda x: isinstance(x, list), {False: fd.Scalar(), True: fd.GetItem(0) >> deep()}))
+
+    def nested(levels: int) -> object:
+        x: object = 1.0
+        for _ in range(levels):
+            x = [x]
+        return x
+
+    compiler = fd.Compiler.create(deep(), max_recursion=20)
+    assert compiler.build_batch([nested(19)]).stats.num_nodes == 0
+    with pytest.raises(ValueError, match="example 1: at OneOf > OneOf.* recurses more than 20 calls deep"):
+        compiler.build_batch([nested(5), nested(50)])
+
+
 def test_an_example_past_the_node_limit_is_named_by_its_dataset_index():
     compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(jnp.sin)) >> fd.Sum(), max_example_nodes=100)
     assert compiler.build_batch([[1.0] * 40, [1.0] * 40]).stats.num_nodes > 100  # the limit is per example
