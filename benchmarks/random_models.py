@@ -39,9 +39,14 @@ class RandomModel(NamedTuple):
     text: str
 
 
-def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False) -> RandomModel:
-    """A random model of at most ``depth`` nested productions and ``n`` examples for it."""
-    grammar = _Grammar(np.random.default_rng(seed), wide)
+def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False, rich: bool = False) -> RandomModel:
+    """A random model of at most ``depth`` nested productions and ``n`` examples for it.
+
+    ``rich`` adds the productions over the rest of the blocks (``Zip``, ``ZipWith``,
+    ``Broadcast``, ``NGrams``, ``Nth``, ``Slice``, ``Length``, ``Optional``, ``AllOf``,
+    ``InputTransform``, ``Dropout``, ``Identity``, ``Min``), which the fuzzer uses; without it a
+    seed draws the model it always drew (the benchmarks' seeds keep their models)."""
+    grammar = _Grammar(np.random.default_rng(seed), wide, rich)
     spec = grammar.expr(depth)
     return RandomModel(spec.block, spec.reference, [spec.sample() for _ in range(n)], spec.text)
 
@@ -61,8 +66,9 @@ def halve(layer: fd.FC, ys: list, p: dict) -> jax.Array:
 
 
 class _Grammar:
-    def __init__(self, rng: np.random.Generator, wide: bool):
+    def __init__(self, rng: np.random.Generator, wide: bool, rich: bool = False):
         self.rng = rng
+        self.rich = rich
         self.state_widths = (128,) if wide else (3, 4, 6)
         self.fcs: dict = {}
 
@@ -85,6 +91,9 @@ class _Grammar:
         leaves = [self.vector, self.scalar, self.one_hot, self.embedding]
         inner = [self.dense, self.function, self.record, self.pool, self.fold, self.reduce, self.rnn, self.one_of,
                  self.tree]
+        if self.rich:
+            inner += [self.zip, self.broadcast, self.ngrams, self.nth, self.slice, self.sized, self.optional,
+                      self.all_of, self.reversed_fold, self.passthrough]
         spec = self.pick(leaves)() if depth <= 0 else self.pick(inner)(depth - 1)
         return spec if width is None or spec.width == width else self.adapt(spec, width)
 
@@ -133,8 +142,10 @@ class _Grammar:
 
     def pool(self, depth: int) -> Spec:
         sub = self.expr(depth)
-        name, block, fn, low = self.pick((("Sum", fd.Sum, jnp.sum, 0), ("Mean", fd.Mean, jnp.mean, 0),
-                                          ("Max", fd.Max, jnp.max, 1)))
+        pools = (("Sum", fd.Sum, jnp.sum, 0), ("Mean", fd.Mean, jnp.mean, 0), ("Max", fd.Max, jnp.max, 1))
+        if self.rich:
+            pools += (("Min", fd.Min, jnp.min, 1),)
+        name, block, fn, low = self.pick(pools)
 
         def reference(p: dict, xs: list) -> jax.Array:
             if not xs:
@@ -237,4 +248,118 @@ class _Grammar:
         return Spec(decl(), s, go, lambda: grow(int(self.rng.integers(1, 7))),
                     f"Tree({s}, leaf={leaf.text}, {'Reduce' if reduce else 'Sum'})")
 
+    # --------------------------------------------------- rich productions
+    def _seq(self, sub: Spec, low: int = 0, high: int = 4) -> Callable[[], list]:
+        return lambda: [sub.sample() for _ in range(self.length(low, high))]
 
+    def zip(self, depth: int) -> Spec:
+        """Two sequences zipped (shortest wins), each pair concatenated (``ZipWith`` half the time)
+        and summed."""
+        a, b = self.expr(depth), self.expr(depth)
+        w = a.width + b.width
+        with_fn = bool(self.rng.random() < 0.5)
+        zipped = fd.ZipWith(fd.Concat()) if with_fn else fd.Zip() >> fd.Map(fd.Concat())
+        block = fd.Record((fd.Map(a.block), fd.Map(b.block))) >> zipped >> fd.Sum()
+
+        def reference(p: dict, x: tuple) -> jax.Array:
+            pairs = [jnp.concatenate([a.reference(p, i), b.reference(p, j)]) for i, j in zip(x[0], x[1])]
+            return jnp.sum(jnp.stack(pairs), axis=0) if pairs else jnp.zeros(w, jnp.float32)
+
+        return Spec(block, w, reference, lambda: (self._seq(a)(), self._seq(b)()),
+                    f"{'ZipWith' if with_fn else 'Zip'}(Map({a.text}), Map({b.text}))>>Sum")
+
+    def broadcast(self, depth: int) -> Spec:
+        """Every item of a sequence paired with one broadcast value, through an FC, summed."""
+        a, b = self.expr(depth), self.expr(depth)
+        w = self.pick((2, 3))
+        layer = self.fc(a.width + b.width, w)
+        block = (fd.Record((fd.Map(a.block), b.block >> fd.Broadcast())) >> fd.Zip()
+                 >> fd.Map(fd.Concat() >> fd.Function(layer)) >> fd.Sum())
+
+        def reference(p: dict, x: tuple) -> jax.Array:
+            other = b.reference(p, x[1])
+            ys = [fc_reference(layer, jnp.concatenate([a.reference(p, i), other]), p) for i in x[0]]
+            return jnp.sum(jnp.stack(ys), axis=0) if ys else jnp.zeros(w, jnp.float32)
+
+        return Spec(block, w, reference, lambda: (self._seq(a)(), b.sample()),
+                    f"Zip(Map({a.text}), Broadcast({b.text}))>>Map(FC({w}))>>Sum")
+
+    def ngrams(self, depth: int) -> Spec:
+        sub = self.expr(depth)
+        n = self.pick((2, 3))
+        w = n * sub.width
+        block = fd.Map(sub.block) >> fd.NGrams(n) >> fd.Map(fd.Concat()) >> fd.Sum()
+
+        def reference(p: dict, xs: list) -> jax.Array:
+            ys = [sub.reference(p, x) for x in xs]
+            grams = [jnp.concatenate(ys[i:i + n]) for i in range(len(ys) - n + 1)]
+            return jnp.sum(jnp.stack(grams), axis=0) if grams else jnp.zeros(w, jnp.float32)
+
+        return Spec(block, w, reference, self._seq(sub, 0, 5), f"Map({sub.text})>>NGrams({n})>>Sum")
+
+    def nth(self, depth: int) -> Spec:
+        sub = self.expr(depth)
+        block = fd.Record((fd.Map(sub.block), fd.Identity())) >> fd.Nth()
+
+        def sample() -> tuple:
+            xs = self._seq(sub, 1, 4)()
+            return (xs, int(self.rng.integers(len(xs))))
+
+        return Spec(block, sub.width, lambda p, x: sub.reference(p, x[0][x[1]]), sample, f"Nth(Map({sub.text}))")
+
+    def slice(self, depth: int) -> Spec:
+        sub = self.expr(depth)
+        start, stop = self.pick((None, 1)), self.pick((None, 2, -1))
+        block = fd.Slice(start=start, stop=stop) >> fd.Map(sub.block) >> fd.Sum()
+
+        def reference(p: dict, xs: list) -> jax.Array:
+            ys = [sub.reference(p, x) for x in xs[start:stop]]
+            return jnp.sum(jnp.stack(ys), axis=0) if ys else jnp.zeros(sub.width, jnp.float32)
+
+        return Spec(block, sub.width, reference, self._seq(sub), f"Slice({start}:{stop})>>Map({sub.text})>>Sum")
+
+    def sized(self, depth: int) -> Spec:
+        """The length of a sequence beside its sum (a length carries no gradient)."""
+        sub = self.expr(depth)
+        block = (fd.Map(sub.block) >> fd.AllOf(fd.Length() >> fd.Function(lambda n: n[:, None]), fd.Sum())
+                 >> fd.Concat())
+
+        def reference(p: dict, xs: list) -> jax.Array:
+            total = jnp.sum(jnp.stack([sub.reference(p, x) for x in xs]), axis=0) if xs else jnp.zeros(sub.width)
+            return jnp.concatenate([jnp.asarray([len(xs)], jnp.float32), total])
+
+        return Spec(block, sub.width + 1, reference, self._seq(sub), f"Map({sub.text})>>[Length, Sum]")
+
+    def optional(self, depth: int) -> Spec:
+        sub = self.expr(depth)
+        return Spec(fd.Optional(sub.block), sub.width,
+                    lambda p, x: jnp.zeros(sub.width, jnp.float32) if x is None else sub.reference(p, x),
+                    lambda: None if self.rng.random() < 0.3 else sub.sample(), f"Optional({sub.text})")
+
+    def all_of(self, depth: int) -> Spec:
+        a, b = self.expr(depth), self.expr(depth)
+        block = fd.AllOf(fd.GetItem(0) >> a.block, fd.GetItem(1) >> b.block) >> fd.Concat()
+        return Spec(block, a.width + b.width,
+                    lambda p, x: jnp.concatenate([a.reference(p, x[0]), b.reference(p, x[1])]),
+                    lambda: (a.sample(), b.sample()), f"AllOf({a.text}, {b.text})>>Concat")
+
+    def reversed_fold(self, depth: int) -> Spec:
+        """A ``Fold`` over the reversed sequence (``InputTransform`` on the host): order matters."""
+        sub, s = self.expr(depth), self.pick(self.state_widths)
+        layer = self.fc(s + sub.width, s)
+        block = (fd.InputTransform(lambda xs: list(reversed(xs))) >> fd.Map(sub.block)
+                 >> fd.Fold(fd.Concat() >> fd.Function(layer), fd.Zeros(fd.TensorType((s,)))))
+
+        def reference(p: dict, xs: list) -> jax.Array:
+            acc = jnp.zeros(s, jnp.float32)
+            for x in reversed(xs):
+                acc = fc_reference(layer, jnp.concatenate([acc, sub.reference(p, x)]), p)
+            return acc
+
+        return Spec(block, s, reference, self._seq(sub, 0, 5), f"Reversed>>Map({sub.text})>>Fold(FC({s}))")
+
+    def passthrough(self, depth: int) -> Spec:
+        """``Identity`` and ``Dropout`` (deterministic without a key) change nothing."""
+        sub = self.expr(depth)
+        return Spec(sub.block >> fd.Identity() >> fd.Dropout(0.5), sub.width, sub.reference, sub.sample,
+                    f"{sub.text}>>Identity>>Dropout")

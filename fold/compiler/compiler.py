@@ -502,10 +502,8 @@ class Compiler:
         metrics = {}
         for name, t in program.metric_types.items():
             m = arrays.metrics[name]
-            values = arenas[program.type_index[t]][m.rows]
-            mask = jnp.asarray(m.mask).reshape((-1,) + (1,) * len(t.shape))
-            values = jnp.where(mask, values, jnp.zeros((), values.dtype))
-            metrics[name] = MetricValues(values, jnp.asarray(m.mask), jnp.asarray(m.example))
+            values = MetricValues(arenas[program.type_index[t]][m.rows], jnp.asarray(m.mask), jnp.asarray(m.example))
+            metrics[name] = values.replace(values=values.masked())  # padded entries hold zeros
         return Result(outputs, metrics)
 
     def _arenas(self, params: Any, batch: Batch, key: jax.Array | None = None) -> dict:

@@ -32,9 +32,14 @@ class MetricValues:
     def tree_unflatten(cls, aux: Any, children: tuple) -> MetricValues:
         return cls(*children)
 
-    def _masked(self) -> jax.Array:
+    def masked(self) -> jax.Array:
+        """``values`` with zeros in the padded entries."""
         mask = self.mask.reshape(self.mask.shape + (1,) * (self.values.ndim - 1))
         return jnp.where(mask, self.values, jnp.zeros((), self.values.dtype))
+
+    def replace(self, values: Any) -> MetricValues:
+        """These entries with other ``values``."""
+        return MetricValues(values, self.mask, self.example)
 
     def count(self) -> jax.Array:
         """The number of real entries."""
@@ -42,7 +47,7 @@ class MetricValues:
 
     def sum(self) -> jax.Array:
         """Sum over real entries (a vector metric gives a vector)."""
-        return jnp.sum(self._masked(), axis=0)
+        return jnp.sum(self.masked(), axis=0)
 
     def mean(self) -> jax.Array:
         """Mean over real entries; 0 when there are none."""

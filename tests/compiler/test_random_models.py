@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import fold as fd
+from benchmarks.fuzz import MODES, compare
 from benchmarks.random_models import RandomModel, fc_reference, random_model
 
-MODES = ("save", "auto", "recompute")
 # "auto" saves a loop FC when its input is at least this wide (SAVE_INTENSITY FLOPs per saved byte).
 WIDE = 128
 
@@ -29,23 +29,8 @@ def _check(model: RandomModel, backward: str, chunk: int | tuple, seed: int = 0)
     # The batch's own layout: padding it with room to spare would hide writes past a region's end
     # (tests/scheduler/test_layouts.py checks padded batches).
     batch = compiler.build_batch(model.examples, exact_layout=True)
-    weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.program.root.output_type.shape), jnp.float32)
-
-    def loss(out: jax.Array) -> jax.Array:
-        return jnp.sum(jnp.sin(out * weights))
-
-    def batched(p: dict) -> tuple:
-        out = compiler.apply(p, batch).outputs
-        return loss(out), out
-
-    grads, out = jax.jit(jax.grad(batched, has_aux=True))(params)
-    expected = jnp.stack([model.reference(params, e) for e in model.examples])
-    expected_grads = jax.grad(lambda p: sum(loss(model.reference(p, e)) for e in model.examples))(params)
-    where = f"{model.text} (backward={backward}, chunk={chunk})"
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6, err_msg=where)
-    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected_grads)
-    for (path, g), ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(expected_grads)):
-        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=2e-5, err_msg=f"{where}: {jax.tree_util.keystr(path)}")
+    compare(compiler, params, batch, model.reference, model.examples,
+            f"{model.text} (backward={backward}, chunk={chunk})", seed)
     return batch
 
 

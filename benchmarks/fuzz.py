@@ -1,0 +1,151 @@
+"""Differential fuzzing: random models against their independent per-example references.
+
+Each case draws a random well-typed model over every kind of block (``random_model(...,
+rich=True)``: pooling, folds, RNN cells, reductions, recursion over trees, ``OneOf``, zips,
+broadcasts, n-grams, slices, ``Optional``, host transforms, ...), six examples for it, a chunk
+size ``C`` (or candidates), a backward mode, recorded or walked examples and a batch size, builds
+the examples' batches with ``compiler.batches`` and compares every batch's outputs and gradients
+with the reference, which evaluates one example at a time in plain ``jax.numpy`` and shares
+nothing with the scheduler or the executor. An exception is a failure too.
+
+Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
+every mismatch with the arguments that reproduce it: ``python -m benchmarks.fuzz --case SEED``).
+``tests/test_fuzz.py`` runs a few cases drawn by ``hypothesis`` in the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import re
+import time
+import traceback
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fold as fd
+from benchmarks.common import RESULTS, machine
+from benchmarks.random_models import random_model
+
+MODES = ("save", "auto", "recompute")
+CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
+# Tolerances of float32 batched against per-example evaluation (sums in another order).
+RTOL, ATOL, GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-6, 1e-4, 2e-5
+
+
+class Case(NamedTuple):
+    """One fuzz case: everything that decides it, so that it reruns exactly."""
+
+    seed: int
+    chunk: int | tuple[int, ...]
+    backward: str
+    recorded: bool
+    batch_size: int
+    wide: bool
+
+    @classmethod
+    def draw(cls, seed: int) -> Case:
+        rng = np.random.default_rng([seed, 1])
+        return cls(seed, CHUNKS[int(rng.integers(len(CHUNKS)))], MODES[int(rng.integers(len(MODES)))],
+                   bool(rng.random() < 0.5), int(rng.integers(1, 7)), bool(rng.random() < 0.15))
+
+
+def compare(compiler: fd.Compiler, params: dict, batch: fd.Batch, reference: Any, examples: list,
+            where: str, seed: int = 0) -> None:
+    """Asserts that ``batch``'s outputs and the gradients of a loss on them equal ``reference``'s,
+    evaluated on ``examples`` (the batch's examples, in order) one at a time."""
+    weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.program.output_type.shape), jnp.float32)
+
+    def loss(out: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(out * weights))
+
+    def batched(p: dict, b: fd.Batch) -> tuple:
+        out = compiler.apply(p, b).outputs
+        return loss(out), out
+
+    grads, out = jax.jit(jax.grad(batched, has_aux=True))(params, batch)
+    expected = jnp.stack([reference(params, e) for e in examples])
+    expected_grads = jax.grad(lambda p: sum(loss(reference(p, e)) for e in examples))(params)
+    np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL, err_msg=where)
+    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected_grads), where
+    for (path, g), ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(expected_grads)):
+        np.testing.assert_allclose(g, ref, rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                                   err_msg=f"{where}: {jax.tree_util.keystr(path)}")
+
+
+def run_case(case: Case) -> str:
+    """Runs ``case``; returns the model's description. Raises on any mismatch or error."""
+    model = random_model(case.seed, n=6, rich=True, wide=case.wide)
+    where = f"{model.text} ({case})"
+    compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
+    params = compiler.init(jax.random.key(case.seed))
+    order = np.random.default_rng([case.seed, 2]).permutation(len(model.examples))
+    examples = [model.examples[i] for i in order]
+    source = compiler.record(examples) if case.recorded else examples
+    for k, batch in enumerate(compiler.batches(source, case.batch_size)):
+        part = examples[k * case.batch_size:(k + 1) * case.batch_size]
+        compare(compiler, params, batch, model.reference, part, f"{where}, batch {k}", case.seed)
+    return model.text
+
+
+def _blocks(text: str) -> list[str]:
+    """The block names a model's description mentions."""
+    return sorted(set(re.findall(r"[A-Z][A-Za-z]+", text)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=200, help="random cases to run")
+    p.add_argument("--first-seed", type=int, default=0, help="seed of the first case (cases take consecutive seeds)")
+    p.add_argument("--case", type=int, default=None, help="rerun the case of this seed only, printing its error")
+    p.add_argument("--json", default=None, help="results file (default benchmarks/results/fuzz.json)")
+    args = p.parse_args()
+    if args.case is not None:
+        case = Case.draw(args.case)
+        print(case)
+        print(run_case(case))
+        print("ok")
+        return
+    if args.cases < 1:
+        raise SystemExit("--cases must be >= 1")
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        tqdm = None
+    seeds = range(args.first_seed, args.first_seed + args.cases)
+    progress = tqdm(seeds, desc="fuzz", unit="case") if tqdm is not None else seeds
+    failures, blocks, modes = [], collections.Counter(), collections.Counter()
+    start = time.perf_counter()
+    for seed in progress:
+        case = Case.draw(seed)
+        modes[f"backward={case.backward}"] += 1
+        modes["recorded" if case.recorded else "walked"] += 1
+        try:
+            blocks.update(_blocks(run_case(case)))
+        except Exception as e:  # a mismatch (AssertionError) or any error is a finding
+            failures.append({"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
+                             "traceback": traceback.format_exc()[-3000:]})
+            if tqdm is None:
+                print(f"case {seed}: {type(e).__name__}")
+        if tqdm is not None:
+            progress.set_postfix(failures=len(failures))
+        jax.clear_caches()  # every case compiles its own functions; keep memory flat over a long run
+    seconds = time.perf_counter() - start
+    result = {
+        "args": vars(args), "cases": args.cases, "failures": len(failures), "seconds": round(seconds, 1),
+        "seconds_per_case": round(seconds / args.cases, 2), "block_counts": dict(sorted(blocks.items())),
+        "mode_counts": dict(sorted(modes.items())), "failed_cases": failures, "machine": machine(),
+    }
+    path = pathlib.Path(args.json) if args.json else RESULTS / "fuzz.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{args.cases} cases, {len(failures)} failures, {seconds:.0f} s; results written to {path}")
+
+
+if __name__ == "__main__":
+    main()
