@@ -23,6 +23,7 @@ from fold.blocks.types import (
     TupleType,
     Type,
     VoidType,
+    convert_to_type,
 )
 from fold.errors import type_error
 
@@ -31,11 +32,16 @@ __all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Broadca
 
 
 def _element_type(block: Block, t: Type) -> Type:
+    """The element type of a sequence, or of a tuple whose items all have one type (as in Fold)."""
     if isinstance(t, PyObjectType):
         return t
     if isinstance(t, SequenceType):
         return t.element_type
-    raise TypeError(f"{block!r} takes a sequence, not {t}")
+    if isinstance(t, TupleType) and len(t) > 0:
+        if len(set(t)) != 1:
+            raise TypeError(f"{block!r} takes a sequence or a tuple of items of one type, not {t}")
+        return t[0]
+    raise TypeError(f"{block!r} takes a sequence or a non-empty tuple, not {t}")
 
 
 def _as_list(block: Block, x: Any) -> list:
@@ -93,7 +99,8 @@ class Map(Block):
             self.set_input_type(SequenceType(elem.input_type))
         if elem.output_type is not None and self.input_type is not None:
             kind = BroadcastSequenceType if isinstance(self.input_type, BroadcastSequenceType) else SequenceType
-            set_child(self, kind(elem.output_type), self, "output", "output")
+            # A sequence of PyObjects is a PyObject (``Map(InputTransform(f))``), as in Fold.
+            set_child(self, convert_to_type(kind(elem.output_type)), self, "output", "output")
         elif isinstance(self.output_type, SequenceType):
             set_child(self, self.output_type.element_type, elem, "output", "elements")
 

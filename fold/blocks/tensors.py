@@ -213,8 +213,13 @@ class Function(Block):
 class Concat(Block):
     """Concatenates a tuple of tensors along ``concat_dim`` (not counting the batch).
 
-    With ``flatten=True`` nested tuples are flattened first; otherwise a
-    nested tuple is a TypeError.
+    Scalars count as vectors of length 1, as in Fold. With ``flatten=True``
+    nested tuples are flattened first; otherwise a nested tuple is a
+    TypeError.
+
+    >>> import fold as fd
+    >>> (fd.Record((fd.Vector(2), fd.Scalar())) >> fd.Concat()).eval(([1, 2], 3)).tolist()
+    [1.0, 2.0, 3.0]
     """
 
     _leaf = True
@@ -238,6 +243,7 @@ class Concat(Block):
             raise TypeError(f"{self!r} takes tensors, not {t}") from None
         if not leaves:
             raise TypeError(f"{self!r} got no tensors in {t}")
+        leaves = [TensorType((1,), leaf.dtype) if leaf.ndim == 0 else leaf for leaf in leaves]  # scalars as (1,)
         first = leaves[0]
         d = self.concat_dim
         for leaf in leaves:
@@ -259,9 +265,10 @@ class Concat(Block):
         in_type, out_type = self.input_type, self.output_type
         assert in_type is not None and out_type is not None
         axis = self.concat_dim + 1
+        scalars = [leaf.ndim == 0 for leaf in in_type.tensor_leaves()]
 
         def run(params: Any, rng: Any, *flat: Any) -> list:
-            return [jnp.concatenate(flat, axis=axis)]
+            return [jnp.concatenate([x[:, None] if s else x for x, s in zip(flat, scalars)], axis=axis)]
         return OpSpec(("concat", axis, in_type), repr(self), in_type, out_type, run)
 
     def _host_leaf(self, x: Any, ctx: Any) -> Any:

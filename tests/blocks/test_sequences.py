@@ -109,3 +109,61 @@ def test_ngrams_nth_length():
 def test_map_over_non_sequence_type_is_type_error():
     with pytest.raises(TypeError):
         fd.Scalar() >> fd.Map(fd.Identity())
+
+
+# Tuples of items of one type are sequences to Map, Fold, Reduce and the pools, as in Fold.
+@pytest.mark.parametrize("pool, reference", [(fd.Sum, np.sum), (fd.Min, np.min), (fd.Max, np.max),
+                                             (fd.Mean, np.mean)])
+def test_pools_take_a_tuple_of_one_type(pool, reference):
+    model = fd.Record((fd.Vector(2), fd.Vector(2), fd.Vector(2))) >> pool()
+    examples = [([1, 5], [3, -2], [0, 4]), ([2, 2], [-1, 7], [6, 0])]
+    compiler = fd.Compiler.create(model)
+    out = compiler.apply({}, compiler.build_batch(examples)).outputs
+    np.testing.assert_allclose(out, [reference(np.asarray(e, np.float32), axis=0) for e in examples], rtol=1e-6)
+
+
+def test_map_fold_and_reduce_take_a_tuple_and_train():
+    fc, cell = fd.FC(3, activation=jnp.tanh), fd.FC(3, activation=jnp.tanh)
+    items = fd.Record((fd.Vector(2), fd.Vector(2), fd.Vector(2)))
+    model = items >> fd.AllOf(
+        fd.Map(fd.Function(fc)) >> fd.Sum(),
+        fd.Fold(fd.Concat() >> fd.Function(cell), fd.Zeros(fd.TensorType((3,)))),
+    ) >> fd.Concat()
+    compiler = fd.Compiler.create(model)
+    params = compiler.init(jax.random.key(0))
+    examples = [([1.0, 5.0], [3.0, -2.0], [0.0, 4.0]), ([0.5, 0.0], [1.0, 1.0], [-1.0, 2.0])]
+    batch = compiler.build_batch(examples)
+
+    def reference(p: dict, e: tuple) -> jax.Array:
+        xs = [jnp.asarray(x) for x in e]
+        mapped = sum(jnp.tanh(x @ p["fc"]["w"] + p["fc"]["b"]) for x in xs)
+        acc = jnp.zeros(3)
+        for x in xs:
+            acc = jnp.tanh(jnp.concatenate([acc, x]) @ p["fc_1"]["w"] + p["fc_1"]["b"])
+        return jnp.concatenate([mapped, acc])
+
+    np.testing.assert_allclose(compiler.apply(params, batch).outputs,
+                               jnp.stack([reference(params, e) for e in examples]), rtol=1e-5, atol=1e-6)
+    grads = jax.grad(lambda p: compiler.apply(p, batch).outputs.sum())(params)
+    expected = jax.grad(lambda p: sum(reference(p, e).sum() for e in examples))(params)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+    reduced = (fd.Record((fd.Scalar(), fd.Scalar(), fd.Scalar())) >> fd.Reduce(fd.Function(lambda a, b: a - b)))
+    assert float(reduced.eval((1, 2, 3))) == 1 - (2 - 3)  # halves: xs[:1] against xs[1:]
+
+
+def test_a_tuple_of_mixed_types_is_no_sequence():
+    with pytest.raises(TypeError, match=r"takes a sequence or a tuple of items of one type, not TupleType"):
+        fd.Record((fd.Vector(2), fd.Scalar())) >> fd.Sum()
+    with pytest.raises(TypeError, match="takes a sequence or a non-empty tuple"):
+        fd.Record(()) >> fd.Map(fd.Identity())
+
+
+def test_map_of_a_host_function_is_a_python_object():
+    """``Map(InputTransform(f))`` maps on the host: a sequence of PyObjects is a PyObject."""
+    block = fd.Map(fd.InputTransform(str))
+    assert block.output_type == fd.PyObjectType()
+    assert block.eval([1, 2]) == ["1", "2"]
+    model = fd.Map(fd.InputTransform(lambda x: 2 * x)) >> fd.Map(fd.Scalar()) >> fd.Sum()
+    compiler = fd.Compiler.create(model)
+    np.testing.assert_allclose(compiler.apply({}, compiler.build_batch([[1, 2], [3]])).outputs, [6.0, 6.0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -65,3 +66,20 @@ def test_concat():
 def test_concat_incompatible_is_type_error(inputs, kwargs):
     with pytest.raises(TypeError, match="Concat"):
         inputs >> fd.Concat(**kwargs)
+
+
+def test_concat_takes_scalars_as_vectors_of_one():
+    """As in Fold: ``(Vector(2), Scalar()) >> Concat()`` is a vector of 3; gradients reach both."""
+    model = fd.Record((fd.Vector(2), fd.Scalar(), fd.Scalar())) >> fd.Concat() >> fd.FC(2, activation=None)
+    assert (fd.Record((fd.Scalar(), fd.Scalar())) >> fd.Concat()).output_type == fd.TensorType((2,))
+    compiler = fd.Compiler.create(model)
+    params = compiler.init(jax.random.key(0))
+    examples = [([1.0, 2.0], 3.0, -1.0), ([0.5, 0.0], 4.0, 2.0)]
+    batch = compiler.build_batch(examples)
+    x = np.asarray([[*v, a, b] for v, a, b in examples], np.float32)
+    w, bias = params["fc"]["w"], params["fc"]["b"]
+    np.testing.assert_allclose(compiler.apply(params, batch).outputs, x @ w + bias, rtol=1e-6)
+    grads = jax.grad(lambda p: compiler.apply(p, batch).outputs.sum())(params)
+    np.testing.assert_allclose(grads["fc"]["w"], np.repeat(x.sum(0)[:, None], 2, axis=1), rtol=1e-6)
+    with pytest.raises(TypeError, match="along dimension 1: ranks differ or are too small"):
+        fd.Record((fd.Scalar(), fd.Scalar())) >> fd.Concat(concat_dim=1)
