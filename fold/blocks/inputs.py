@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import jax
 import numpy as np
 
 from fold.blocks.base import Block, Repeat, run_leaf, unify
@@ -175,11 +176,16 @@ def Vector(size: int, dtype: Any = "float32", name: str | None = None) -> Tensor
 
 
 class FromTensor(Block):
-    """A constant: the given NumPy (or JAX) array, whatever the input."""
+    """A constant: the given NumPy (or JAX) array, whatever the input (a Python number or list is a
+    TypeError, as in Fold: it has no dtype of its own)."""
 
     _leaf = True
 
     def __init__(self, tensor: Any, name: str | None = None):
+        if not isinstance(tensor, (np.ndarray, np.generic, jax.Array)):
+            # As in Fold: a Python number or list has no dtype of its own to keep.
+            raise TypeError(f"FromTensor needs a NumPy or JAX array, got {type(tensor).__name__} {tensor!r}; "
+                            "give it one with the dtype you mean, e.g. np.float32(42) or np.asarray(x, 'float32')")
         arr = np.asarray(tensor)
         if arr.dtype == object or arr.dtype.kind in "USV":
             raise TypeError(f"FromTensor needs a numeric array, got {tensor!r}")

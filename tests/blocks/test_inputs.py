@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -25,6 +26,14 @@ def test_from_tensor_ignores_input():
     np.testing.assert_array_equal(block.eval("anything"), [1.0, 2.0])
     with pytest.raises(TypeError):
         fd.FromTensor(np.array(["a"]))
+
+
+@pytest.mark.parametrize("value", [42, 1.5, [1.0, 2.0], (1, 2), None])
+def test_from_tensor_refuses_python_values_as_fold_does(value):
+    with pytest.raises(TypeError, match="FromTensor needs a NumPy or JAX array.*np.float32"):
+        fd.FromTensor(value)
+    assert fd.FromTensor(np.float32(42)).output_type == fd.TensorType(())
+    assert fd.FromTensor(jnp.ones(2, jnp.int32)).output_type == fd.TensorType((2,), "int32")
 
 
 def test_input_transform_and_identity_and_void():
