@@ -96,6 +96,38 @@ class Layer(abc.ABC):
         leading axis. The error then names the first example that fails.
         """
 
+    @staticmethod
+    def from_pure(init: Callable[[jax.Array, Type], Any], apply: Callable[..., Any], name: str | None = None,
+                  trainable: bool = True) -> Layer:
+        """A layer from ``init(key, input_type) -> params`` and ``apply(params, *inputs)`` on
+        batched inputs (see ``fold/blocks/adapters.py``)."""
+        from fold.blocks.adapters import PureLayer
+
+        return PureLayer(init, apply, name, trainable)
+
+    @staticmethod
+    def from_equinox(module: Any, name: str | None = None, trainable: bool = True) -> Layer:
+        """A layer running an Equinox module on each row; its floating-point arrays are the
+        parameters (needs ``equinox``; see ``fold/blocks/adapters.py``).
+
+        Example::
+
+            mlp = eqx.nn.MLP(4, 4, 16, 2, key=jax.random.key(0))
+            model = fd.Vector(4) >> fd.Layer.from_equinox(mlp, name="mlp")
+        """
+        from fold.blocks.adapters import EquinoxLayer
+
+        return EquinoxLayer(module, name, trainable)
+
+    @staticmethod
+    def from_flax(module: Any, name: str | None = None, trainable: bool = True) -> Layer:
+        """A layer running a Flax module (NNX or Linen) on the batch; an NNX module's
+        ``nnx.Param``s, or a Linen module's variables from its ``init``, are the parameters
+        (needs ``flax``; see ``fold/blocks/adapters.py``)."""
+        from fold.blocks.adapters import flax_layer
+
+        return flax_layer(module, name, trainable)
+
     def __rshift__(self, other: Any) -> Any:
         from fold.blocks.tensors import Function
 

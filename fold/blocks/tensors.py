@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fold.blocks.adapters import holds_arrays
 from fold.blocks.base import Block
 from fold.blocks.layers import Layer
 from fold.blocks.types import TensorType, TupleType, Type, VoidType
@@ -129,6 +130,12 @@ class Function(Block):
     def __init__(self, fn: Callable | Layer, name: str | None = None):
         if not callable(fn) and not isinstance(fn, Layer):
             raise TypeError(f"Function needs a callable or a fd.Layer, got {fn!r}")
+        held = None if isinstance(fn, Layer) else holds_arrays(fn)
+        if held is not None:
+            # Its arrays are no parameters of the model: they would silently never train.
+            raise TypeError(f"Function got a {held}, which holds arrays that would never train; make it a layer: "
+                            "fd.Layer.from_equinox(module), fd.Layer.from_flax(module) or fd.Layer.from_pure(init, "
+                            "apply) (trainable=False keeps them fixed)")
         self.fn = fn
         self.layer = fn if isinstance(fn, Layer) else None
         self._returns: dict[Type, Type] = {}  # input type -> what fn returns for it

@@ -1,0 +1,148 @@
+"""Layers from elsewhere: a pure ``(init, apply)`` pair, an Equinox module, a Flax module.
+
+Each becomes a ``Layer`` whose parameters live in the compiler's params pytree under the layer's
+name, so they train, checkpoint and are checked like any layer's. ``Layer.from_pure``,
+``Layer.from_equinox`` and ``Layer.from_flax`` make them; Equinox and Flax are optional
+(``pip install equinox`` or ``flax``) and imported only when used.
+
+A module's parameters are the ones it was built with (Equinox, Flax NNX: build it with the key
+you want), or made by its own ``init`` from the compiler's key (Flax Linen). Only its
+parameters train: NNX state that is not an ``nnx.Param`` (batch statistics, RNG counters) and
+Equinox fields that are not floating-point arrays stay as they were built.
+
+>>> import fold as fd, jax, jax.numpy as jnp
+>>> def init(key, input_type):
+...     return {"w": jax.random.normal(key, (input_type.shape[0], 2))}
+>>> layer = fd.Layer.from_pure(init, lambda p, x: jnp.tanh(x @ p["w"]), name="proj")
+>>> compiler = fd.Compiler.create(fd.Vector(3) >> layer)
+>>> compiler.init(jax.random.key(0))["proj"]["w"].shape
+(3, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fold.blocks.layers import Layer
+from fold.blocks.types import TensorType, TupleType, Type
+
+__all__ = ["PureLayer", "EquinoxLayer", "FlaxLinenLayer", "FlaxNNXLayer", "flax_layer", "holds_arrays"]
+
+
+def _probe_inputs(input_type: Type) -> list[jax.Array]:
+    """One row of zeros per argument ``apply`` gets for ``input_type`` (a top-level tuple unpacked)."""
+    items = list(input_type) if isinstance(input_type, TupleType) else [input_type]
+    if not all(isinstance(t, TensorType) for t in items):
+        raise TypeError(f"a module layer takes tensors or a tuple of tensors, not {input_type}")
+    return [jnp.zeros((1, *t.shape), t.dtype) for t in items if isinstance(t, TensorType)]
+
+
+class PureLayer(Layer):
+    """A layer from two pure functions: ``init(key, input_type) -> params`` and
+    ``apply(params, *inputs) -> outputs`` on batched inputs (Fold's ``ScopedLayer``, without scopes)."""
+
+    def __init__(self, init: Callable[[jax.Array, Type], Any], apply: Callable[..., Any], name: str | None = None,
+                 trainable: bool = True):
+        if not callable(init) or not callable(apply):
+            raise TypeError(f"Layer.from_pure needs two callables (init, apply), got {init!r} and {apply!r}")
+        super().__init__(name, trainable)
+        self._init, self._apply = init, apply
+
+    def init(self, key: jax.Array, input_type: Type) -> Any:
+        return self._init(key, input_type)
+
+    def apply(self, params: Any, *inputs: Any) -> Any:
+        return self._apply(params, *inputs)
+
+
+class EquinoxLayer(Layer):
+    """An Equinox module as a layer: its floating-point arrays are the parameters, and it runs on
+    each row (``jax.vmap``), as Equinox modules take one example."""
+
+    def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
+        import equinox as eqx
+
+        super().__init__(name, trainable)
+        self._params, self._static = eqx.partition(module, eqx.is_inexact_array)
+        if not jax.tree_util.tree_leaves(self._params):
+            raise ValueError(f"{type(module).__name__} has no floating-point arrays to train; use fd.Function")
+
+    def init(self, key: jax.Array, input_type: Type) -> Any:
+        _probe_inputs(input_type)
+        return self._params
+
+    def apply(self, params: Any, *inputs: Any) -> Any:
+        import equinox as eqx
+
+        return jax.vmap(eqx.combine(params, self._static))(*inputs)
+
+
+class FlaxLinenLayer(Layer):
+    """A Flax Linen module as a layer: ``module.init`` makes its variables from the compiler's key
+    and ``module.apply`` runs it on the batch."""
+
+    def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
+        super().__init__(name, trainable)
+        self.module = module
+
+    def init(self, key: jax.Array, input_type: Type) -> Any:
+        return self.module.init(key, *_probe_inputs(input_type))
+
+    def apply(self, params: Any, *inputs: Any) -> Any:
+        return self.module.apply(params, *inputs)
+
+
+class FlaxNNXLayer(Layer):
+    """A Flax NNX module as a layer: its ``nnx.Param`` variables are the parameters (the rest of
+    its state is kept as built), and it runs on the batch."""
+
+    def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
+        from flax import nnx
+
+        super().__init__(name, trainable)
+        graph, params, rest = nnx.split(module, nnx.Param, ...)
+        self._graph: Any = graph
+        self._params: Any = params
+        self._rest: Any = rest
+
+    def init(self, key: jax.Array, input_type: Type) -> Any:
+        _probe_inputs(input_type)
+        return self._params
+
+    def apply(self, params: Any, *inputs: Any) -> Any:
+        from flax import nnx
+
+        return nnx.merge(self._graph, params, self._rest)(*inputs)
+
+
+def flax_layer(module: Any, name: str | None = None, trainable: bool = True) -> Layer:
+    """The layer of a Flax module, NNX or Linen."""
+    from flax import linen, nnx
+
+    if isinstance(module, nnx.Module):
+        return FlaxNNXLayer(module, name, trainable)
+    if isinstance(module, linen.Module):
+        return FlaxLinenLayer(module, name, trainable)
+    raise TypeError(f"Layer.from_flax needs a flax.nnx.Module or a flax.linen.Module, got {type(module).__name__}")
+
+
+def holds_arrays(fn: Any) -> str | None:
+    """What a ``Function``'s ``fn`` holds that would train if it were a layer: the name of a Flax
+    module's class, or of an object (an Equinox module) whose pytree leaves include arrays, looking
+    through wrappers such as ``jax.vmap`` and ``functools.wraps``; None for a plain function."""
+    seen = 0
+    while fn is not None and seen < 16:
+        module = type(fn).__module__ or ""
+        if module.split(".")[0] == "flax":
+            return type(fn).__name__
+        if not callable(fn) or not hasattr(fn, "__code__"):
+            leaves = jax.tree_util.tree_leaves(fn)
+            if any(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves):
+                return type(fn).__name__
+        fn, seen = getattr(fn, "__wrapped__", None), seen + 1
+    return None

@@ -1,0 +1,159 @@
+"""Layers from elsewhere: Equinox and Flax (NNX, Linen) modules and pure (init, apply) pairs train
+inside fold models, their parameters in the params pytree."""
+
+from __future__ import annotations
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fold as fd
+
+eqx = pytest.importorskip("equinox")
+flax = pytest.importorskip("flax")
+from flax import linen, nnx  # noqa: E402
+
+
+def _tree_rnn(cell: fd.Layer, leaf: fd.Layer) -> fd.Block:
+    """A Tree-RNN: a leaf is ``leaf(vector of 2)``, an inner node ``cell(concat(left, right))``."""
+    node = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((4,)))
+    node.resolve_to(fd.OneOf(lambda t: isinstance(t, tuple), {
+        False: fd.Vector(2) >> leaf,
+        True: fd.Record((node(), node())) >> fd.Concat() >> cell,
+    }))
+    return node() >> fd.Function(lambda h: h.sum(-1))
+
+
+TREES = [[1.0, 2.0], ([0.5, -1.0], [2.0, 0.0]), (([1.0, 1.0], [0.0, 3.0]), [-2.0, 1.0])]
+
+
+def _check_against(compiler: fd.Compiler, params: dict, reference) -> None:
+    """Outputs and gradients equal a per-tree ``reference(params, tree)``, and the gradient agrees
+    with a central finite difference along a random direction."""
+    batch = compiler.build_batch(TREES)
+
+    def loss(p):
+        return jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))
+
+    expected = jnp.stack([reference(params, t) for t in TREES])
+    np.testing.assert_allclose(compiler.apply(params, batch).outputs, expected, rtol=1e-5, atol=1e-6)
+    grads = jax.grad(loss)(params)
+    ref_grads = jax.grad(lambda p: sum(jnp.sin(reference(p, t)) for t in TREES))(params)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.key(7), len(leaves))
+    direction = tree.unflatten([jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+    eps = 1e-3
+    shifted = [jax.tree_util.tree_map(lambda x, d, s=s: x + s * eps * d, params, direction) for s in (1, -1)]
+    numeric = (loss(shifted[0]) - loss(shifted[1])) / (2 * eps)
+    flat_grads, flat_direction = jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(direction)
+    analytic = sum(jnp.vdot(g, d) for g, d in zip(flat_grads, flat_direction))
+    np.testing.assert_allclose(numeric, analytic, rtol=2e-2, atol=2e-3)
+    # Parameters round-trip through a checkpoint (pickled host arrays) unchanged.
+    restored = pickle.loads(pickle.dumps(jax.device_get(params)))
+    np.testing.assert_array_equal(compiler.apply(restored, batch).outputs, compiler.apply(params, batch).outputs)
+
+
+def _walk(tree, leaf_fn, cell_fn):
+    if isinstance(tree, tuple):
+        return cell_fn(jnp.concatenate([_walk(tree[0], leaf_fn, cell_fn), _walk(tree[1], leaf_fn, cell_fn)]))
+    return leaf_fn(jnp.asarray(tree, jnp.float32))
+
+
+def test_an_equinox_mlp_as_the_cell_of_a_tree_rnn():
+    cell = eqx.nn.MLP(8, 4, 16, 1, activation=jnp.tanh, key=jax.random.key(1))
+    leaf = eqx.nn.Linear(2, 4, key=jax.random.key(2))
+    compiler = fd.Compiler.create(_tree_rnn(fd.Layer.from_equinox(cell, name="cell"),
+                                            fd.Layer.from_equinox(leaf, name="leaf")))
+    params = compiler.init(jax.random.key(0))
+    assert sorted(params) == ["cell", "leaf"]
+
+    def reference(p, t):
+        # The parameters are the modules' floating-point arrays; the rest (activations) is the module's.
+        def rebuild(module, arrays):
+            return eqx.combine(arrays, eqx.filter(module, eqx.is_inexact_array, inverse=True))
+        return _walk(t, rebuild(leaf, p["leaf"]), rebuild(cell, p["cell"])).sum()
+
+    _check_against(compiler, params, reference)
+
+
+def test_a_flax_nnx_mlp_as_the_cell_of_a_tree_rnn():
+    class MLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.hidden = nnx.Linear(8, 16, rngs=rngs)
+            self.out = nnx.Linear(16, 4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jnp.tanh(self.hidden(x)))
+
+    layer = fd.Layer.from_flax(MLP(nnx.Rngs(0)), name="cell")
+    leaf = fd.Layer.from_flax(nnx.Linear(2, 4, rngs=nnx.Rngs(1)), name="leaf")
+    compiler = fd.Compiler.create(_tree_rnn(layer, leaf))
+    params = compiler.init(jax.random.key(0))
+
+    def reference(p, t):
+        return _walk(t, lambda x: leaf.apply(p["leaf"], x[None])[0], lambda x: layer.apply(p["cell"], x[None])[0]).sum()
+
+    _check_against(compiler, params, reference)
+
+
+def test_a_flax_linen_module_makes_its_variables_from_the_compilers_key():
+    class MLP(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            return linen.Dense(4)(jnp.tanh(linen.Dense(16)(x)))
+
+    cell, leaf = fd.Layer.from_flax(MLP(), name="cell"), fd.Layer.from_flax(linen.Dense(4), name="leaf")
+    compiler = fd.Compiler.create(_tree_rnn(cell, leaf))
+    params = compiler.init(jax.random.key(0))
+    assert params["cell"]["params"]["Dense_1"]["kernel"].shape == (8, 16)  # Dense(4) was made first
+    again = compiler.init(jax.random.key(0))
+    np.testing.assert_array_equal(params["leaf"]["params"]["kernel"], again["leaf"]["params"]["kernel"])
+
+    def reference(p, t):
+        return _walk(t, lambda x: linen.Dense(4).apply(p["leaf"], x[None])[0],
+                     lambda x: MLP().apply(p["cell"], x[None])[0]).sum()
+
+    _check_against(compiler, params, reference)
+
+
+def test_a_pure_pair_is_a_layer():
+    def init(key, input_type):
+        return {"w": jax.random.normal(key, (input_type.shape[0], 4)) * 0.5}
+
+    cell = fd.Layer.from_pure(init, lambda p, x: jnp.tanh(x @ p["w"]), name="cell")
+    leaf = fd.Layer.from_pure(init, lambda p, x: x @ p["w"], name="leaf")
+    compiler = fd.Compiler.create(_tree_rnn(cell, leaf))
+    params = compiler.init(jax.random.key(0))
+    _check_against(compiler, params,
+                   lambda p, t: _walk(t, lambda x: x @ p["leaf"]["w"], lambda x: jnp.tanh(x @ p["cell"]["w"])).sum())
+    with pytest.raises(TypeError, match="two callables"):
+        fd.Layer.from_pure(init, None)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: jax.vmap(eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))),
+    lambda: eqx.nn.Linear(2, 2, key=jax.random.key(0)),
+    lambda: nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
+    lambda: linen.Dense(2),
+])
+def test_a_function_over_a_module_is_an_error_naming_the_adapter(make):
+    """Before, fd.Function(jax.vmap(eqx_mlp)) compiled, ran, and trained nothing (init gave {})."""
+    with pytest.raises(TypeError, match=r"holds arrays that would never train.*fd\.Layer\.from_equinox"):
+        fd.Function(make())
+    assert fd.Function(jnp.tanh).fn is jnp.tanh  # plain functions are fine
+
+
+def test_a_frozen_module_keeps_its_parameters():
+    leaf = fd.Layer.from_equinox(eqx.nn.Linear(2, 4, key=jax.random.key(2)), name="leaf", trainable=False)
+    cell = fd.Layer.from_equinox(eqx.nn.Linear(8, 4, key=jax.random.key(3)), name="cell")
+    compiler = fd.Compiler.create(_tree_rnn(cell, leaf))
+    params = compiler.init(jax.random.key(0))
+    batch = compiler.build_batch(TREES)
+    grads = jax.grad(lambda p: compiler.apply(p, batch).outputs.sum())(params)
+    assert all(float(jnp.abs(g).max()) == 0 for g in jax.tree_util.tree_leaves(grads["leaf"]))
+    assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree_util.tree_leaves(grads["cell"]))
