@@ -151,3 +151,45 @@ def test_check_constant_inputs_sees_every_constant_call_at_once_and_errors_name_
     np.testing.assert_allclose(compiler.apply(compiler.init(jax.random.key(0)), batch).outputs, [11.0, 12.0])
     with pytest.raises(ValueError, match=r"example 2: at .*Positive.*not positive: -1"):
         compiler.build_batch([[(1.0, 2.0)], [(3.0, 4.0)], [(5.0, 6.0), (-1.0, 0.0)]])
+
+
+def _ones(key, shape, dtype):
+    return jnp.ones(shape, dtype)
+
+
+def test_fc_keep_probs_drop_out_only_with_a_key():
+    """Fold's input_keep_prob and output_keep_prob: inverted dropout before and after the layer."""
+    wide_in = fd.Compiler.create(fd.Vector(1000) >> fd.FC(1, activation=None, initializer=_ones, input_keep_prob=0.5))
+    params = wide_in.init(jax.random.key(0))
+    batch = wide_in.build_batch([[1.0] * 1000])
+    assert float(wide_in.apply(params, batch).outputs[0, 0]) == 1000.0  # no key: deterministic
+    dropped = float(wide_in.apply(params, batch, key=jax.random.key(1)).outputs[0, 0])
+    assert dropped != 1000.0 and abs(dropped - 1000.0) < 200.0 and dropped % 2 == 0  # kept inputs count twice
+    wide_out = fd.Compiler.create(fd.Vector(1) >> fd.FC(1000, activation=None, initializer=_ones,
+                                                        output_keep_prob=0.25))
+    out = wide_out.apply(wide_out.init(jax.random.key(0)), wide_out.build_batch([[1.0]]), key=jax.random.key(2))
+    values = np.asarray(out.outputs)
+    assert set(np.unique(values).tolist()) == {0.0, 4.0} and 150 < (values > 0).sum() < 350
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="input_keep_prob in \\(0, 1\\]"):
+            fd.FC(2, input_keep_prob=bad)
+    assert not fd.FC(2, input_keep_prob=1.0, output_keep_prob=None).stochastic
+
+
+def test_fc_normalization_runs_between_the_affine_map_and_the_activation():
+    def layer_norm(y):
+        return (y - y.mean(-1, keepdims=True)) / jnp.sqrt(y.var(-1, keepdims=True) + 1e-6)
+
+    fc = fd.FC(4, activation=jnp.tanh, normalization_fn=layer_norm, name="dense")
+    compiler = fd.Compiler.create(fd.Vector(3) >> fc)
+    params = compiler.init(jax.random.key(0))
+    x = np.asarray([[1.0, 2.0, -1.0], [0.5, 0.0, 3.0]], np.float32)
+    y = x @ np.asarray(fc.weights(params)) + np.asarray(fc.bias(params))
+    y = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(compiler.apply(params, compiler.build_batch(x.tolist())).outputs, np.tanh(y),
+                               rtol=1e-5, atol=1e-6)
+    assert fc.output_size == 4 and fc.weights(params).shape == (3, 4)
+    with pytest.raises(ValueError, match="has no name yet"):
+        fd.FC(2).weights(params)
+    with pytest.raises(TypeError, match="normalization_fn must be callable"):
+        fd.FC(2, normalization_fn=3)
