@@ -176,6 +176,11 @@ class Block(metaclass=_BlockMeta):
     def _infer(self) -> None:
         """Propagates known types between this block and its children."""
 
+    def untyped_hint(self) -> str | None:
+        """Why this block's types cannot be inferred and what to declare, when it knows (the
+        compiler's error for a model with unknown types then says it); None otherwise."""
+        return None
+
     def _changed(self) -> None:
         for block in [self, *self._listeners]:
             if block._ready:

@@ -18,14 +18,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fold.blocks.layers import Layer, check_rate, dropout
+from fold.blocks.layers import Layer, check_rate, dropout, vector_size
 from fold.blocks.types import TensorType, TupleType, Type
 
 __all__ = ["LSTMCell", "GRUCell", "BinaryTreeLSTMCell"]
 
 
-def _vec(t: Any) -> bool:
-    return isinstance(t, TensorType) and t.ndim == 1
+def _flat(x: Any) -> jax.Array:
+    """A cell's input rows: a tuple of vectors is concatenated."""
+    return jnp.concatenate(x, axis=-1) if isinstance(x, tuple) else x
 
 
 class _Cell(Layer):
@@ -43,9 +44,15 @@ class _Cell(Layer):
         return self.recurrent_dropout > 0
 
     def _split_input(self, input_type: Type) -> tuple[TensorType, Type]:
-        if not isinstance(input_type, TupleType) or len(input_type) != 2 or not _vec(input_type[0]):
+        """The input as one vector type (a tuple of vectors is concatenated, as ``FC`` does) and
+        the state type."""
+        if not isinstance(input_type, TupleType) or len(input_type) != 2:
             raise TypeError(f"{self!r} takes (input vector, state), not {input_type}")
-        return input_type[0], input_type[1]
+        try:
+            size, dtype = vector_size(self, input_type[0])
+        except TypeError:
+            raise TypeError(f"{self!r} takes (input vector or tuple of vectors, state), not {input_type}") from None
+        return TensorType((size,), dtype), input_type[1]
 
     def _check_state(self, state: Type, expected: Type, input_type: Type) -> None:
         if state != expected:
@@ -79,7 +86,7 @@ class LSTMCell(_LSTMFamily):
 
     def apply(self, params: dict, x: jax.Array, state: tuple, key: jax.Array | None = None) -> tuple:
         c, h = state
-        z = jnp.concatenate([x, h], axis=-1) @ params["w"] + params["b"]
+        z = jnp.concatenate([_flat(x), h], axis=-1) @ params["w"] + params["b"]
         i, f, g, o = jnp.split(z, 4, axis=-1)
         g = dropout(key, self.recurrent_dropout, jnp.tanh(g))
         c2 = jax.nn.sigmoid(f + self.forget_bias) * c + jax.nn.sigmoid(i) * g
@@ -107,6 +114,7 @@ class GRUCell(_Cell):
                 "w_cand": self.initializer(k2, (n, u), x.dtype), "b_cand": jnp.zeros((u,), x.dtype)}
 
     def apply(self, params: dict, x: jax.Array, h: jax.Array, key: jax.Array | None = None) -> tuple:
+        x = _flat(x)
         gates = jnp.concatenate([x, h], axis=-1) @ params["w_gates"] + params["b_gates"]
         r, z = jnp.split(jax.nn.sigmoid(gates), 2, axis=-1)
         cand = jnp.tanh(jnp.concatenate([x, r * h], axis=-1) @ params["w_cand"] + params["b_cand"])
@@ -133,7 +141,7 @@ class BinaryTreeLSTMCell(_LSTMFamily):
 
     def apply(self, params: dict, x: jax.Array, states: tuple, key: jax.Array | None = None) -> tuple:
         (c_l, h_l), (c_r, h_r) = states
-        z = jnp.concatenate([x, h_l, h_r], axis=-1) @ params["w"] + params["b"]
+        z = jnp.concatenate([_flat(x), h_l, h_r], axis=-1) @ params["w"] + params["b"]
         i, f_l, f_r, o, u = jnp.split(z, 5, axis=-1)
         u = dropout(key, self.recurrent_dropout, jnp.tanh(u))
         c = (jax.nn.sigmoid(i) * u + jax.nn.sigmoid(f_l + self.forget_bias) * c_l

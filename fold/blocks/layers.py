@@ -28,7 +28,7 @@ import numpy as np
 
 from fold.blocks.types import TensorType, TupleType, Type
 
-__all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case"]
+__all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case", "vector_size"]
 
 
 def snake_case(name: str) -> str:
@@ -140,7 +140,7 @@ class Layer(abc.ABC):
         return Pipe(other, Function(self))
 
 
-def _vector_size(layer: Layer, t: Type) -> tuple[int, str]:
+def vector_size(layer: Layer, t: Type) -> tuple[int, str]:
     """Total size of a vector input, or of a tuple of vectors (concatenated)."""
     items = list(t) if isinstance(t, TupleType) else [t]
     size, dtype = 0, None
@@ -210,7 +210,7 @@ class FC(Layer):
         return self.name
 
     def init(self, key: jax.Array, input_type: Type) -> dict:
-        size, dtype = _vector_size(self, input_type)
+        size, dtype = vector_size(self, input_type)
         return {
             "w": self.initializer(key, (size, self.num_units_out), dtype),
             "b": jnp.zeros((self.num_units_out,), dtype),

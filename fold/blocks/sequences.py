@@ -24,6 +24,7 @@ from fold.blocks.types import (
     Type,
     VoidType,
     convert_to_type,
+    tensor_types,
 )
 from fold.errors import type_error
 
@@ -218,13 +219,21 @@ class RNN(Block):
             return out[1]
         return None
 
+    def untyped_hint(self) -> str | None:
+        if self.output_type is not None or self.from_input or self._state_type() is not None:
+            return None
+        return (f"{self!r} cannot infer its state type: its cell {self.cell!r} declares none (a layer with a "
+                "state_type, such as LSTMCell, does). Pass initial_state=fd.Zeros(state type), e.g. "
+                "fd.Zeros(((8,), (8,))) for an LSTM state (c, h) of 8 units, or initial_state_from_input=True")
+
     def _infer(self) -> None:
         t = self.input_type
         seq = (t[0] if isinstance(t, TupleType) else None) if self.from_input else t
         elem = _element_type(self, seq) if seq is not None else None
-        if (not self.from_input and self.initial_state is None and elem is not None
-                and isinstance(elem, TensorType) and hasattr(self._cell_layer, "state_type")):
-            zero = _with_dtype(self._cell_layer.state_type, elem.dtype)  # type: ignore[union-attr]
+        leaves = tensor_types(elem)
+        if (not self.from_input and self.initial_state is None and leaves
+                and hasattr(self._cell_layer, "state_type")):
+            zero = _with_dtype(self._cell_layer.state_type, leaves[0].dtype)  # type: ignore[union-attr]
             self.initial_state = self._adopt(Zeros(zero))
             _void_input(self, self.initial_state)
         state = self._state_type()

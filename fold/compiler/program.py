@@ -183,10 +183,13 @@ def _checked_tree(root_block: Any, any_root: bool) -> tuple[Block, list[Block]]:
         if isinstance(b, Composition):
             b._validate()
     blocks = _all_blocks(root)  # validating a composition can set types that reach more blocks
-    for b in blocks:
-        for side, t in (("input", b.input_type), ("output", b.output_type)):
-            if t is None:
-                raise TypeError(f"cannot infer the {side} type of {b!r} in {root!r}; pin it with set_{side}_type()")
+    untyped = [(b, side) for b in blocks for side, t in (("input", b.input_type), ("output", b.output_type))
+               if t is None]
+    if untyped:
+        # A block that knows why its types are missing says so; else the first one is named.
+        hint = next((h for b, _ in untyped if (h := b.untyped_hint()) is not None), None)
+        b, side = untyped[0]
+        raise TypeError(hint or f"cannot infer the {side} type of {b!r} in {root!r}; pin it with set_{side}_type()")
     out = root.output_type
     assert out is not None  # checked just above
     if not any_root:
