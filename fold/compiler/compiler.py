@@ -32,8 +32,8 @@ from fold.blocks.types import (
     Type,
     VoidType,
 )
+from fold.compiler import numerics
 from fold.compiler.executor import Executor
-from fold.compiler.numerics import check_numerics
 from fold.compiler.program import Program, build_program, root_is_tensors
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
@@ -539,7 +539,13 @@ class Compiler:
           FloatingPointError: a value or a gradient is NaN or infinite.
           ValueError: no examples, or ``loss`` returns another shape.
         """
-        check_numerics(self, params, list(examples), loss, dataset_indices)
+        examples = list(examples)
+        numerics.check_arguments(examples, dataset_indices)
+        batch, builder, _ = self._build(examples, keep_host=True, dataset_indices=dataset_indices)
+        numerics.check_values(self.program, builder, batch, self._arenas_jit(params, batch), dataset_indices)
+        # A second compiler of the program builds the one-example batches: this one's layouts stay as they were.
+        alone = Compiler(self.program, self.chunk_sizes, self.backward, self.save_limit)
+        numerics.check_gradients(alone, params, examples, loss, dataset_indices)
 
     def stats(self, reset: bool = False) -> CompilerStats:
         """Counts of what this compiler has built and traced (see ``CompilerStats``).

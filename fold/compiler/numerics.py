@@ -20,13 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fold.compiler.result import Result
-from fold.scheduler.builder import run_examples
-from fold.scheduler.schedule import schedule
 
 if TYPE_CHECKING:
     from fold.compiler.compiler import Compiler
+    from fold.compiler.program import Program
+    from fold.scheduler.batch import Batch
+    from fold.scheduler.builder import BatchBuilder
 
-__all__ = ["check_numerics"]
+__all__ = ["check_arguments", "check_values", "check_gradients"]
 
 
 def _example_losses(result: Result, n: int) -> jax.Array:
@@ -41,52 +42,54 @@ def _example_losses(result: Result, n: int) -> jax.Array:
     return total
 
 
-def check_numerics(compiler: Compiler, params: Any, examples: Sequence[Any],
-                   loss: Callable[[Result], jax.Array] | None = None,
-                   dataset_indices: Sequence[int] | None = None) -> None:
-    """See ``Compiler.check_numerics``."""
-    examples = list(examples)
+def _name(i: int, dataset_indices: Sequence[int] | None) -> str:
+    return f"example {i}" if dataset_indices is None else f"example {dataset_indices[i]} (position {i})"
+
+
+def check_arguments(examples: list, dataset_indices: Sequence[int] | None) -> None:
+    """Raises ValueError for no examples, or indices that do not match them."""
     if not examples:
         raise ValueError("check_numerics needs at least one example")
     if dataset_indices is not None and len(dataset_indices) != len(examples):
         raise ValueError(f"dataset_indices has {len(dataset_indices)} entries for {len(examples)} examples")
-    program = compiler.program
-    builder, outputs = run_examples(program, examples, dataset_indices=dataset_indices)
-    rec = builder.arrays()
-    batch = schedule(program, rec, compiler._roots(outputs), len(examples), compiler.chunk_sizes, keep_host=True,
-                     owner=compiler._token)
-    assert batch.host is not None  # keep_host=True
 
-    def name(i: int) -> str:
-        return f"example {i}" if dataset_indices is None else f"example {dataset_indices[i]} (position {i})"
 
-    # Values: per float type, which of its value ids hold a non-finite row.
-    arenas = {t: np.asarray(a) for t, a in compiler._arenas_jit(params, batch).items()}
+def check_values(program: Program, builder: BatchBuilder, batch: Batch, arenas: dict,
+                 dataset_indices: Sequence[int] | None) -> None:
+    """Raises FloatingPointError naming the first non-finite value of ``batch`` (built keeping its
+    host info by ``builder``), given the ``arenas`` its forward pass filled."""
+    host = batch.host
+    assert host is not None  # built with keep_host=True
     bad: list[int] = []
-    for t, arena in arenas.items():
+    for t, arena in ((t, np.asarray(a)) for t, a in arenas.items()):
         if not np.issubdtype(arena.dtype, np.inexact):
             continue
-        ids = np.flatnonzero(batch.host.v_type == t)
+        ids = np.flatnonzero(host.v_type == t)
         if not len(ids):
             continue
-        rows = arena[batch.host.v_row[ids]].reshape(len(ids), -1)
+        rows = arena[host.v_row[ids]].reshape(len(ids), -1)
         bad.extend(ids[~np.isfinite(rows).all(axis=1)].tolist())
-    if bad:
-        v = min(bad)
-        i = int(np.searchsorted(builder.value_starts, v, side="right")) - 1
-        t = program.types[int(batch.host.v_type[v])]
-        node = int(rec.v_node[v])
-        if node < 0:
-            source = f"an input value of type {t} (a constant the host made from the example)"
-        else:
-            source = f"the output of {program.ops[int(rec.n_op[node])].spec.label} (type {t})"
-        raise FloatingPointError(f"{name(i)}: {source} is not finite: "
-                                 f"{np.asarray(arenas[int(batch.host.v_type[v])][batch.host.v_row[v]]).tolist()}")
+    if not bad:
+        return
+    v = min(bad)  # the walk made values in order: later ones may come from this one
+    rec = builder.arrays()
+    i = int(np.searchsorted(builder.value_starts, v, side="right")) - 1
+    t = program.types[int(host.v_type[v])]
+    node = int(rec.v_node[v])
+    if node < 0:
+        source = f"an input value of type {t} (a constant the host made from the example)"
+    else:
+        source = f"the output of {program.ops[int(rec.n_op[node])].spec.label} (type {t})"
+    value = np.asarray(arenas[int(host.v_type[v])])[host.v_row[v]]
+    raise FloatingPointError(f"{_name(i, dataset_indices)}: {source} is not finite: {value.tolist()}")
 
-    # Gradients: each example in a batch of its own. Within one batch, an example whose local
-    # derivative is infinite poisons the others' gradients (0 x inf), like a NaN value does.
-    # A second compiler of the same program keeps this compiler's layouts and counts untouched.
-    alone = type(compiler)(program, compiler.chunk_sizes, compiler.backward, compiler.save_limit)
+
+def check_gradients(alone: Compiler, params: Any, examples: list, loss: Callable[[Result], jax.Array] | None,
+                    dataset_indices: Sequence[int] | None) -> None:
+    """Raises FloatingPointError naming the first example whose loss has a non-finite gradient, each
+    example in a batch of its own built by ``alone`` (a compiler kept for this). Within one batch, an
+    example whose local derivative is infinite poisons the others' gradients (0 x inf), as a NaN
+    value does."""
 
     def total_loss(p: Any, b: Any) -> jax.Array:
         result = alone.apply(p, b)
@@ -101,5 +104,5 @@ def check_numerics(compiler: Compiler, params: Any, examples: Sequence[Any],
         g = grad(params, alone.build_batch([x]))
         for path, leaf in jax.tree_util.tree_flatten_with_path(g)[0]:
             if not np.isfinite(np.asarray(leaf)).all():
-                raise FloatingPointError(f"{name(i)}: the gradient of its loss is not finite in "
+                raise FloatingPointError(f"{_name(i, dataset_indices)}: the gradient of its loss is not finite in "
                                          f"params{jax.tree_util.keystr(path)} (its values are all finite)")
