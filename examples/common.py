@@ -117,7 +117,7 @@ def per_example_metrics(compiler: fd.Compiler, params: Any, data: list, batch_si
     for offset, batch in zip(range(0, len(data), batch_size), compiler.batches(data, batch_size)):
         for name, m in apply(params, batch).metrics.items():
             mask = np.asarray(m.mask)
-            values = np.asarray(m.values)[mask].reshape(int(mask.sum()), -1).mean(axis=1)
+            values = np.asarray(m.values).reshape(int(mask.sum()), -1).mean(axis=1)
             example = np.asarray(m.example)[mask] + offset
             sums.setdefault(name, np.zeros(len(data)))
             counts.setdefault(name, np.zeros(len(data)))

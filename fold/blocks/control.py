@@ -7,8 +7,10 @@ import reprlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from fold.blocks.base import Block, convert_to_block, run_leaf, unify
-from fold.blocks.types import PyObjectType, TensorType, Type, VoidType
+from fold.blocks.types import PyObjectType, TensorType, TupleType, Type, VoidType
 from fold.errors import ExplainedTypeError
 
 __all__ = ["OneOf", "ForwardDeclaration", "Metric"]
@@ -82,7 +84,8 @@ class OneOf(Block):
     def _case(self, key: Any) -> Block:
         try:
             if self._indexed:
-                if isinstance(key, bool) or not isinstance(key, int):
+                # Python's indexing, as in Fold: a bool picks case 0 or 1 (``key_fn`` often is a test).
+                if not isinstance(key, (int, np.integer)):
                     raise KeyError(key)
                 return self._case_list[key]
             return self._cases[key]
@@ -217,7 +220,17 @@ class _Reference(Block):
 class Metric(Block):
     """Records its tensor input under ``metric_name``; outputs void.
 
-    Every call in a batch becomes one entry of ``result.metrics[name]``.
+    Every call in a batch becomes one entry of ``result.metrics[name]``. As in
+    Fold, the input may also be a pair ``(tensor, label)``, the label any
+    Python object (a node id, a word): ``batch.metric_labels[name]`` then
+    holds the labels in the order of ``result.metrics[name].values``.
+
+    >>> import fold as fd, jax
+    >>> block = fd.Map(fd.Record((fd.Scalar(), fd.Identity())) >> fd.Metric("bar")) >> fd.Void()
+    >>> compiler = fd.Compiler.create(block)
+    >>> batch = compiler.build_batch([[(0, "zero"), (1, "one")], [(2, "two")]])
+    >>> batch.metric_labels["bar"], compiler.apply({}, batch).metrics["bar"].values.tolist()
+    (['zero', 'one', 'two'], [0.0, 1.0, 2.0])
     """
 
     _leaf = True
@@ -232,14 +245,33 @@ class Metric(Block):
         return f"Metric({self.metric_name!r})"
 
     def _check_input(self, t: Type) -> None:
-        if not isinstance(t, TensorType):
-            raise TypeError(f"{self!r} takes a tensor, not {t}")
+        value = t[0] if isinstance(t, TupleType) and len(t) == 2 and isinstance(t[1], PyObjectType) else t
+        if not isinstance(value, TensorType):
+            raise TypeError(f"{self!r} takes a tensor or a pair (tensor, label), not {t}")
+
+    @property
+    def labeled(self) -> bool:
+        """Whether its input is a pair ``(tensor, label)``."""
+        return isinstance(self.input_type, TupleType)
+
+    @property
+    def value_type(self) -> TensorType | None:
+        """The type of the values it records (its input, or the tensor of its pair)."""
+        t = self.input_type
+        t = t[0] if isinstance(t, TupleType) else t
+        return t if isinstance(t, TensorType) else None
 
     def _host_leaf(self, x: Any, ctx: Any) -> None:
-        ctx.metric(self.metric_name, x)
+        if self.labeled:
+            ctx.metric(self.metric_name, x[0], x[1])
+        else:
+            ctx.metric(self.metric_name, x)
         return None
 
     def _emit(self, em: Any, x: str) -> str:
-        em.metric(self.metric_name, x)
+        if self.labeled:
+            em.metric(self.metric_name, f"{x}[0]", f"{x}[1]")
+        else:
+            em.metric(self.metric_name, x)
         return "None"
 

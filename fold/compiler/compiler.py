@@ -502,8 +502,8 @@ class Compiler:
         metrics = {}
         for name, t in program.metric_types.items():
             m = arrays.metrics[name]
-            values = MetricValues(arenas[program.type_index[t]][m.rows], jnp.asarray(m.mask), jnp.asarray(m.example))
-            metrics[name] = values.replace(values=values.masked())  # padded entries hold zeros
+            metrics[name] = MetricValues.zero_padded(arenas[program.type_index[t]][m.rows], jnp.asarray(m.mask),
+                                                     jnp.asarray(m.example))
         return Result(outputs, metrics)
 
     def _arenas(self, params: Any, batch: Batch, key: jax.Array | None = None) -> dict:

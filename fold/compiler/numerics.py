@@ -6,8 +6,8 @@ by the NaN activations, and 0 x NaN is NaN. Batching cannot avoid that, so this 
 example instead: it builds the examples into one batch, keeping where every value lives, runs the
 forward pass and reads every value row; the first non-finite value, in the order the walk made
 them, is where the trouble starts (values computed from it come later). If every value is finite
-it takes the gradient of each example's loss on its own (one compilation, one backward pass per
-example) and names the first example whose gradient is not finite.
+it takes the gradient of each example's loss in a batch of its own (one backward pass per example,
+in the few layouts of a second compiler) and names the first example whose gradient is not finite.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _example_losses(result: Result, n: int) -> jax.Array:
     for leaf in jax.tree_util.tree_leaves(result.outputs):
         total = total + leaf.reshape(n, -1).sum(axis=1)
     for m in result.metrics.values():
-        values = m.values.reshape(m.values.shape[0], -1).sum(axis=1)
+        values = m.padded.reshape(m.padded.shape[0], -1).sum(axis=1)
         total = total.at[jnp.where(m.mask, m.example, n)].add(values, mode="drop")
     return total
 

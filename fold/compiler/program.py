@@ -88,6 +88,7 @@ class Program:
       pipe_steps: per pipe with fused runs, its steps (blocks and ``Fused`` runs).
       layers: per layer name, the layer and its input type.
       metric_types: per metric name (sorted), the tensor type of its values.
+      labeled_metrics: the metric names some ``Metric`` records with labels.
       root_leaves: the tensor types of the root's output leaves, in order
         (empty when the root outputs void or is not tensors, under ``eval``).
       limits: bounds on one example's host work (``ExampleLimits``).
@@ -105,6 +106,7 @@ class Program:
     pipe_steps: Mapping[Any, Sequence[Any]]
     layers: Mapping[str, tuple[Layer, Type]]
     metric_types: Mapping[str, TensorType]
+    labeled_metrics: frozenset[str]
     root_leaves: tuple[TensorType, ...]
     limits: ExampleLimits = DEFAULT_LIMITS
     host_plan: HostPlan = dataclasses.field(init=False, repr=False)
@@ -148,6 +150,7 @@ def build_program(root_block: Any, any_root: bool = False, fuse: bool = True,
     return Program(
         root=root, output_type=out, types=types, type_index=type_index, ops=ops, block_ops=block_ops,
         slot_index=slot_index, pipe_steps=pipe_steps, layers=_named_layers(ops), metric_types=_metric_types(blocks),
+        labeled_metrics=frozenset(b.metric_name for b in blocks if isinstance(b, Metric) and b.labeled),
         root_leaves=tuple(out.tensor_leaves()) if root_is_tensors(out) else (), limits=limits,
     )
 
@@ -261,8 +264,8 @@ def _metric_types(blocks: Sequence[Block]) -> dict[str, TensorType]:
     for m in blocks:
         if not isinstance(m, Metric):
             continue
-        t = m.input_type
-        assert isinstance(t, TensorType)  # Metric's input type is checked to be a tensor
+        t = m.value_type
+        assert t is not None  # Metric checks its input type
         prev = types.get(m.metric_name)
         if prev is not None and prev != t:
             raise TypeError(f"metric {m.metric_name!r} gets both {prev} and {t}")

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["Result", "MetricValues"]
 
@@ -14,32 +15,42 @@ __all__ = ["Result", "MetricValues"]
 class MetricValues:
     """Every value of one metric in a batch.
 
-    ``values`` is ``[M, *shape]`` with the real entries first (ordered by
-    example, then by the order the walk produced them) and padding after;
-    ``mask`` marks real entries and ``example`` gives each entry's example
-    index (-1 for padding).
+    A batch's metric has a fixed number ``M`` of entries (so that batches
+    share compilations), the real ones first (ordered by example, then by
+    the order the walk produced them) and zeros after: ``padded`` is that
+    ``[M, *shape]`` array, ``mask`` marks the real entries and ``example``
+    gives each entry's example index (-1 for padding). Reduce with ``sum()``,
+    ``mean()`` and ``count()``, which skip the padding and work under
+    ``jit``. ``values`` is the real entries only, ``[count, *shape]``: its
+    length depends on the batch, so it exists only outside traced code
+    (inside, it raises rather than let a mean over ``padded`` count zeros).
     """
 
-    def __init__(self, values: Any, mask: Any, example: Any):
-        self.values = values
+    def __init__(self, padded: Any, mask: Any, example: Any):
+        self.padded = padded
         self.mask = mask
         self.example = example
 
     def tree_flatten(self):
-        return (self.values, self.mask, self.example), None
+        return (self.padded, self.mask, self.example), None
 
     @classmethod
     def tree_unflatten(cls, aux: Any, children: tuple) -> MetricValues:
         return cls(*children)
 
-    def masked(self) -> jax.Array:
-        """``values`` with zeros in the padded entries."""
-        mask = self.mask.reshape(self.mask.shape + (1,) * (self.values.ndim - 1))
-        return jnp.where(mask, self.values, jnp.zeros((), self.values.dtype))
+    @classmethod
+    def zero_padded(cls, padded: Any, mask: Any, example: Any) -> MetricValues:
+        """Entries whose padded rows (whatever ``padded`` holds there) become zeros."""
+        shaped = mask.reshape(mask.shape + (1,) * (padded.ndim - 1))
+        return cls(jnp.where(shaped, padded, jnp.zeros((), padded.dtype)), mask, example)
 
-    def replace(self, values: Any) -> MetricValues:
-        """These entries with other ``values``."""
-        return MetricValues(values, self.mask, self.example)
+    @property
+    def values(self) -> Any:
+        """The real entries, ``[count, *shape]`` (outside traced code only; see the class)."""
+        if any(isinstance(x, jax.core.Tracer) for x in (self.padded, self.mask)):
+            raise TypeError("MetricValues.values has as many entries as the batch has, which traced code cannot "
+                            "know: use .sum(), .mean() or .count(), or .padded with .mask")
+        return self.padded[: int(np.asarray(self.mask).sum())]
 
     def count(self) -> jax.Array:
         """The number of real entries."""
@@ -47,15 +58,17 @@ class MetricValues:
 
     def sum(self) -> jax.Array:
         """Sum over real entries (a vector metric gives a vector)."""
-        return jnp.sum(self.masked(), axis=0)
+        return jnp.sum(self.padded, axis=0)  # padded entries are zeros
 
     def mean(self) -> jax.Array:
         """Mean over real entries; 0 when there are none."""
-        n = jnp.maximum(self.count(), 1).astype(self.values.dtype)
+        n = jnp.maximum(self.count(), 1).astype(self.padded.dtype)
         return self.sum() / n
 
     def __repr__(self) -> str:
-        return f"MetricValues(values={self.values!r}, mask={self.mask!r})"
+        if any(isinstance(x, jax.core.Tracer) for x in (self.padded, self.mask)):
+            return f"MetricValues(padded={self.padded!r})"
+        return f"MetricValues(count={int(np.asarray(self.mask).sum())}, values={np.asarray(self.values)!r})"
 
 
 @jax.tree_util.register_pytree_node_class

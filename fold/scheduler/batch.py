@@ -95,17 +95,19 @@ class Batch:
     """
 
     def __init__(self, arrays: BatchArrays, layout: BatchLayout, host: HostInfo | None = None,
-                 stats: BatchStats | None = None, owner: str | None = None):
+                 stats: BatchStats | None = None, owner: str | None = None, metric_labels: dict | None = None):
         self.arrays = arrays
         self.layout = layout
         self.host = host  # per-value rows, kept for eval; not part of the pytree
         self.stats = stats
         self.owner = owner
+        # Per labeled metric, each real entry's label, in the order of ``result.metrics[name].values``.
+        self.metric_labels = {} if metric_labels is None else metric_labels
 
     def replace(self, arrays: BatchArrays | None = None, layout: BatchLayout | None = None) -> Batch:
         """This batch with other arrays or another layout (same host info, stats and owner)."""
         return Batch(self.arrays if arrays is None else arrays, self.layout if layout is None else layout,
-                     self.host, self.stats, self.owner)
+                     self.host, self.stats, self.owner, self.metric_labels)
 
     def built_stats(self) -> BatchStats:
         """``stats``, which every batch built on the host has (a batch inside traced code has none)."""

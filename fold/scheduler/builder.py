@@ -82,6 +82,7 @@ class Recorded(NamedTuple):
     consts: list                # per type: (values, shape (n, *type shape), zero where not filled; filled, (n,) bool)
     metric_values: dict         # per metric: value id of each entry
     metric_examples: dict       # per metric: example index of each entry
+    metric_labels: dict         # per labeled metric: each entry's label (a Python object; None if unlabeled)
 
 
 def const_table(values: list, t: TensorType) -> tuple[np.ndarray, np.ndarray]:
@@ -123,6 +124,7 @@ class BatchBuilder:
         # (see gc_paused).
         self.metric_examples: dict[str, list[int]] = {name: [] for name in program.metric_types}
         self.metric_values: dict[str, list[int]] = {name: [] for name in program.metric_types}
+        self.metric_labels: dict[str, list[Any]] = {name: [] for name in program.labeled_metrics}
         self._shared: dict[Any, int] = {}
         # Per-batch memo for blocks whose host value is the same every call (Zeros).
         self.block_cache: dict[Any, Any] = {}
@@ -179,7 +181,8 @@ class BatchBuilder:
                         ints(self.n_depth), ints(self.n_inputs),
                         [const_table(c, t) for c, t in zip(self.consts, self.program.types)],
                         {k: ints(v) for k, v in self.metric_values.items()},
-                        {k: ints(v) for k, v in self.metric_examples.items()})
+                        {k: ints(v) for k, v in self.metric_examples.items()},
+                        {k: list(v) for k, v in self.metric_labels.items()})
 
     def _mark(self) -> tuple:
         return (len(self.v_type), len(self.n_op), len(self.n_inputs), [len(c) for c in self.consts],
@@ -197,6 +200,8 @@ class BatchBuilder:
         for name, n in n_metrics.items():
             del self.metric_examples[name][n:]
             del self.metric_values[name][n:]
+            if name in self.metric_labels:
+                del self.metric_labels[name][n:]
         # Dicts keep insertion order: the entries made for this example come last.
         for memo, n in ((self._shared, n_shared), (self.block_cache, n_cached)):
             for key in list(memo)[n:]:
@@ -249,10 +254,13 @@ class BatchBuilder:
         """Records one call of ``block``'s operation on host value ``x``."""
         return self._callers[self.program.block_ops[block]](x)
 
-    def metric(self, name: str, vid: int) -> None:
-        """Records tensor ``vid`` as an entry of metric ``name`` for the current example."""
+    def metric(self, name: str, vid: int, label: Any = None) -> None:
+        """Records tensor ``vid`` as an entry of metric ``name`` for the current example, with
+        ``label`` if the metric has labels."""
         self.metric_examples[name].append(self.example_index or 0)
         self.metric_values[name].append(vid)
+        if name in self.metric_labels:
+            self.metric_labels[name].append(label)
 
     @property
     def max_depth(self) -> int:

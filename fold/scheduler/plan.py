@@ -213,11 +213,14 @@ class Emitter:
         """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes."""
         return self.assign(f"const{self.program.type_index[ttype]}({value})")
 
-    def metric(self, name: str, x: str) -> None:
-        """Records tensor ``x`` as an entry of metric ``name`` (see ``BatchBuilder.metric``)."""
+    def metric(self, name: str, x: str, label: str = "None") -> None:
+        """Records tensor ``x`` as an entry of metric ``name``, labeled ``label`` if the metric has
+        labels (see ``BatchBuilder.metric``)."""
         i = self._metrics.setdefault(name, len(self._metrics))
         self.line(f"metric_ex{i}.append(ctx.example_index or 0)")
         self.line(f"metric_vid{i}.append({x})")
+        if name in self.program.labeled_metrics:
+            self.line(f"metric_label{i}.append({label})")
 
     def recurse(self, decl: Any, x: str) -> str:
         """A call of ``decl``'s target, generated once as its own function."""
@@ -309,6 +312,8 @@ class Emitter:
         for i, name in enumerate(self._metrics):
             out.append(f"    metric_ex{i} = ctx.metric_examples[{name!r}]")
             out.append(f"    metric_vid{i} = ctx.metric_values[{name!r}]")
+            if name in self.program.labeled_metrics:
+                out.append(f"    metric_label{i} = ctx.metric_labels[{name!r}]")
         # Every operation and type gets one: the walk records through them too.
         for o in range(len(self.program.ops)):
             out += ["    " + s for s in self._recorder(o)]

@@ -71,12 +71,15 @@ def _subset(d: _Data, sel: np.ndarray) -> _Data:
     for t, (values, filled) in enumerate(rec.consts):
         ci, const_counts[:, t] = _ranges(d.const_start[:, t], sel)
         consts.append((values[ci], filled[ci]))
-    metric_values, metric_start = {}, {}
+    metric_values, metric_start, metric_labels = {}, {}, {}
     for name, vids in rec.metric_values.items():
         mi, mn = _ranges(d.metric_start[name], sel)
         metric_values[name], metric_start[name] = vids[mi], _starts(mn)
+        if name in rec.metric_labels:
+            labels = rec.metric_labels[name]
+            metric_labels[name] = [labels[j] for j in mi.tolist()]
     sub = Recorded(rec.v_type[vi], rec.v_node[vi], rec.v_pos[vi], rec.n_op[ni], rec.n_depth[ni], rec.n_inputs[ii],
-                   consts, metric_values, {})
+                   consts, metric_values, {}, metric_labels)
     return _Data(sub, d.roots[sel], _starts(vn), _starts(nn), _starts(inn), _starts(const_counts), metric_start)
 
 

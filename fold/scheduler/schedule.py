@@ -399,4 +399,4 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
     host = HostInfo(rec.v_type, v_row) if keep_host else None
     stats = BatchStats(len(rec.n_op), len(items.branch), int(n_depth.max()) if len(n_depth) else 0,
                        int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()), tuple(items.saved_rows))
-    return Batch(arrays, layout, host, stats, owner)
+    return Batch(arrays, layout, host, stats, owner, rec.metric_labels)
