@@ -158,14 +158,14 @@ class Composition(Block):
     def _validate(self) -> None:
         """Checks wiring and computes the evaluation order (at Compiler.create)."""
         if self.output not in self._sources:
-            raise ValueError(f"the output of {self!r} is not wired: call {self!r}.output.reads(...)")
+            raise TypeError(f"the output of {self!r} is not wired: call {self!r}.output.reads(...)")  # as Fold
         for m in self._members:
             if m not in self._sources and m.input_type is None:
                 m.set_input_type(VoidType())
         read = {s for srcs in self._sources.values() for s in srcs}
         for m in self._members:
             if m not in read and not isinstance(m.output_type, VoidType):
-                raise ValueError(
+                raise TypeError(
                     f"{m!r} in {self!r} is never read: its output ({m.output_type}) is unused; "
                     "wire it with .reads() or remove it"
                 )

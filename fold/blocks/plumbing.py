@@ -37,7 +37,9 @@ class Pipe(Block):
 
     def __init__(self, *blocks: Any, name: str | None = None):
         if not blocks:
-            raise ValueError("Pipe needs at least one block")
+            from fold.blocks.inputs import Identity
+
+            blocks = (Identity(),)  # ``Pipe()`` is the identity, as in Fold
         super().__init__(name)
         self._blocks = [self._adopt(b) for b in blocks]
         # A pipe of leaves is a leaf: the walk calls it instead of driving a generator

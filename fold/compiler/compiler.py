@@ -164,10 +164,12 @@ class Compiler:
 
         Raises:
           TypeError: a type cannot be inferred or does not check (the
-            message names the blocks and types), or the root outputs
-            something other than tensors, tuples of them or void.
-          ValueError: an unresolved ``ForwardDeclaration``, a miswired
-            ``Composition``, two layers with one name, or a bad option.
+            message names the blocks and types), the root outputs
+            something other than tensors, tuples of them or void, a
+            ``ForwardDeclaration`` is unresolved, or a ``Composition``'s
+            output is unwired or a block's output unread (as in Fold).
+          ValueError: a cycle in a ``Composition``, two layers with one
+            name, or a bad option.
         """
         if not isinstance(fuse, bool):
             raise TypeError(f"fuse must be True or False, got {fuse!r}")

@@ -131,9 +131,10 @@ def build_program(root_block: Any, any_root: bool = False, fuse: bool = True,
 
     Raises:
       TypeError: a type cannot be inferred, does not check, or the root or a
-        layer or metric is used with types it cannot have.
-      ValueError: an unresolved ``ForwardDeclaration``, an invalid
-        ``Composition``, or two layers with one name.
+        layer or metric is used with types it cannot have; an unresolved
+        ``ForwardDeclaration``, an unwired ``Composition`` output or an
+        unread block output (as in Fold).
+      ValueError: a cycle in a ``Composition``, or two layers with one name.
     """
     root, blocks = _checked_tree(root_block, any_root)
     types = tuple(dict.fromkeys(t for b in blocks for side in (b.input_type, b.output_type)
@@ -182,7 +183,7 @@ def _checked_tree(root_block: Any, any_root: bool) -> tuple[Block, list[Block]]:
         root.set_input_type(PyObjectType())
     for b in _all_blocks(root):
         if isinstance(b, ForwardDeclaration) and b.target is None:
-            raise ValueError(f"{b!r} was never resolved: call resolve_to(block)")
+            raise TypeError(f"{b!r} was never resolved: call resolve_to(block)")  # a TypeError, as in Fold
         if isinstance(b, Composition):
             b._validate()
     blocks = _all_blocks(root)  # validating a composition can set types that reach more blocks

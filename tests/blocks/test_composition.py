@@ -65,13 +65,13 @@ def test_cycle_is_value_error():
         fd.Compiler.create(fd.Scalar() >> c)
 
 
-def test_unused_block_is_value_error():
+def test_unused_block_is_type_error():
     c = fd.Composition()
     with c.scope():
         x = fd.Scalar().reads(c.input)
         fd.Function(jnp.negative).reads(x)
         c.output.reads(x)
-    with pytest.raises(ValueError, match="never read"):
+    with pytest.raises(TypeError, match="never read"):
         fd.Compiler.create(c)
 
 
@@ -94,7 +94,7 @@ def test_unwired_output_is_value_error():
     c = fd.Composition()
     with c.scope():
         fd.Metric("m").reads(fd.Scalar().reads(c.input))
-    with pytest.raises(ValueError, match="not wired"):
+    with pytest.raises(TypeError, match="not wired"):
         fd.Compiler.create(c)
 
 

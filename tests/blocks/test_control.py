@@ -60,7 +60,7 @@ def test_forward_declaration_infers_types_from_target():
 
 def test_unresolved_declaration_and_double_resolve():
     decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
-    with pytest.raises(ValueError, match="never resolved"):
+    with pytest.raises(TypeError, match="never resolved"):
         fd.Compiler.create(decl())
     decl.resolve_to(fd.Scalar())
     with pytest.raises(ValueError, match="already resolved"):

@@ -148,3 +148,10 @@ def test_a_pipe_of_leaves_is_a_leaf_and_errors_name_the_failing_child():
         compiler.build_batch([{"a": 1.0}, {"b": 2.0}])
     with pytest.raises(ValueError, match=r"example 0: at Scalar: expected a number"):
         compiler.build_batch([{"a": "x"}])
+
+
+def test_an_empty_pipe_is_the_identity():
+    """As in Fold: ``Pipe()`` passes its input through."""
+    assert fd.Pipe().eval("anything") == "anything"
+    compiler = fd.Compiler.create(fd.Vector(2) >> fd.Pipe())
+    assert compiler.apply({}, compiler.build_batch([[1.0, 2.0]])).outputs.tolist() == [[1.0, 2.0]]
