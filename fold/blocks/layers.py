@@ -159,7 +159,8 @@ class FC(Layer):
     Takes a float vector, or a tuple of vectors which are concatenated.
     ``initializer`` (JAX-style ``init(key, shape, dtype)``) makes ``w``
     (default Glorot uniform); ``b`` starts at zero. ``activation=None`` is
-    linear. As in Fold, ``input_keep_prob`` and ``output_keep_prob`` drop
+    linear; a string names a function of ``jax.nn`` (``"relu"``, the
+    default, ``"tanh"``, ``"sigmoid"``, ...). As in Fold, ``input_keep_prob`` and ``output_keep_prob`` drop
     the input and the output out (inverted dropout, active only when
     ``compiler.apply`` gets a ``key``), and ``normalization_fn`` runs
     between the affine map and the activation; it must work row by row
@@ -174,7 +175,7 @@ class FC(Layer):
     (3, (2, 3), (3,))
     """
 
-    def __init__(self, num_units_out: int, activation: Callable | None = jax.nn.relu,
+    def __init__(self, num_units_out: int, activation: Callable | str | None = "relu",
                  initializer: Callable | None = None, input_keep_prob: float | None = None,
                  output_keep_prob: float | None = None, normalization_fn: Callable | None = None,
                  name: str | None = None):
@@ -182,7 +183,7 @@ class FC(Layer):
         if int(num_units_out) <= 0:
             raise ValueError(f"FC needs a positive num_units_out, got {num_units_out}")
         self.num_units_out = int(num_units_out)
-        self.activation = activation
+        self.activation = _activation(self, activation)
         self.initializer = initializer or jax.nn.initializers.glorot_uniform()
         self.input_drop = _drop_rate(self, "input_keep_prob", input_keep_prob)
         self.output_drop = _drop_rate(self, "output_keep_prob", output_keep_prob)
@@ -225,6 +226,20 @@ class FC(Layer):
             y = self.normalization_fn(y)
         y = y if self.activation is None else self.activation(y)
         return dropout(keys[1], self.output_drop, y)
+
+
+def _activation(layer: Layer, activation: Callable | str | None) -> Callable | None:
+    """``activation``, a string naming a function of ``jax.nn`` resolved."""
+    if activation is None or (callable(activation) and not isinstance(activation, str)):
+        return activation
+    if not isinstance(activation, str):
+        raise TypeError(f"{type(layer).__name__}'s activation must be a callable, a jax.nn name or None, "
+                        f"got {activation!r}")
+    fn = getattr(jax.nn, activation, None)
+    if not callable(fn) or activation.startswith("_") or activation == "initializers":
+        raise ValueError(f"{type(layer).__name__}: jax.nn has no activation {activation!r} "
+                         "(e.g. 'relu', 'tanh', 'sigmoid', 'gelu', 'softplus')")
+    return fn
 
 
 def _drop_rate(layer: Layer, what: str, keep_prob: float | None) -> float:

@@ -97,6 +97,12 @@ class Compiler:
         self._arenas_jit = jax.jit(self._arenas)
         self._apply_jit = jax.jit(self._apply)
 
+    def __repr__(self) -> str:
+        p = self.program
+        return (f"Compiler(root={p.root!r}: {p.root.input_type} -> {p.output_type}, {len(p.ops)} operations, "
+                f"layers={sorted(p.layers)}, metrics={list(p.metric_types)}, chunk_size={self.chunk_sizes}, "
+                f"backward={self.backward!r})")
+
     @classmethod
     def create(cls, root_block: Any, chunk_size: int | Sequence[int] = CHUNK_SIZES,
                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS,
@@ -318,9 +324,13 @@ class Compiler:
             example, with its index and block path in the message.
           ValueError: no examples, or examples another compiler recorded.
         """
+        if not isinstance(examples, RecordedExamples):
+            examples = list(examples)
         batch = self._saving.decide(self._build_batch(examples))
         if not exact_layout:
             batch = self._layouts.assign(batch)
+        batch.example_indices = (examples.indices if isinstance(examples, RecordedExamples)
+                                 else np.arange(len(examples)))
         self._stats.built(batch)
         return batch
 
@@ -417,7 +427,8 @@ class Compiler:
           seed: seed of the permutation (None: fresh entropy).
 
         Yields:
-          ``Batch``es, in the (shuffled) order of the examples.
+          ``Batch``es, in the (shuffled) order of the examples;
+          ``batch.example_indices`` gives each row's position in ``examples``.
 
         Raises:
           ValueError: ``batch_size <= 0`` or ``num_workers < 0``.
@@ -437,14 +448,16 @@ class Compiler:
         n = len(recorded) if recorded is not None else len(listed)
         order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
         stop = n - n % batch_size if drop_remainder else n
+        indices = [order[i:i + batch_size] for i in range(0, stop, batch_size)]
         chunks: list[RecordedExamples | ExampleChunk] = [
             recorded[idx] if recorded is not None else ExampleChunk([listed[j] for j in idx], idx.tolist())
-            for idx in (order[i:i + batch_size] for i in range(0, stop, batch_size))]
+            for idx in indices]
         built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
                  else build_ahead(self._build_batch, chunks, num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
         # layouts planned from a few batches ahead.
-        for batch in self._layouts.stream(map(self._saving.decide, built)):
+        for batch, idx in zip(self._layouts.stream(map(self._saving.decide, built)), indices):
+            batch.example_indices = idx
             self._stats.built(batch)  # counted here: workers have their own copy of the counters
             yield batch
 

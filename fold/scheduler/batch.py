@@ -92,6 +92,11 @@ class Batch:
     is host-side only and is None inside traced code. ``owner`` identifies
     the compiler that built it (static, like the layout): a compiler
     refuses another's batches, whose rows mean another model's values.
+    ``example_indices`` says which examples it holds, row by row: their
+    positions in what was given to ``Compiler.batches`` (so a shuffled
+    batch's outputs pair with labels kept outside the examples), or to
+    ``build_batch`` (positions in the recording for recorded examples).
+    ``metric_labels`` holds the labels of labeled ``Metric``s.
     """
 
     def __init__(self, arrays: BatchArrays, layout: BatchLayout, host: HostInfo | None = None,
@@ -103,11 +108,15 @@ class Batch:
         self.owner = owner
         # Per labeled metric, each real entry's label, in the order of ``result.metrics[name].values``.
         self.metric_labels = {} if metric_labels is None else metric_labels
+        # Which examples it holds, in order (``Compiler.build_batch`` and ``batches`` set it).
+        self.example_indices: np.ndarray | None = None
 
     def replace(self, arrays: BatchArrays | None = None, layout: BatchLayout | None = None) -> Batch:
         """This batch with other arrays or another layout (same host info, stats and owner)."""
-        return Batch(self.arrays if arrays is None else arrays, self.layout if layout is None else layout,
-                     self.host, self.stats, self.owner, self.metric_labels)
+        out = Batch(self.arrays if arrays is None else arrays, self.layout if layout is None else layout,
+                    self.host, self.stats, self.owner, self.metric_labels)
+        out.example_indices = self.example_indices
+        return out
 
     def built_stats(self) -> BatchStats:
         """``stats``, which every batch built on the host has (a batch inside traced code has none)."""

@@ -168,6 +168,11 @@ class RecordedExamples:
     def _data(self) -> _Data:
         return self._store.data
 
+    @property
+    def indices(self) -> np.ndarray:
+        """The positions in the recording of the examples these select, in order."""
+        return self._index
+
     def by_reference(self, before: int) -> ByReference | None:
         """These examples as a ``ByReference`` if their recording was made before serial ``before``
         (so a process forked then has it), else None."""

@@ -193,3 +193,15 @@ def test_fc_normalization_runs_between_the_affine_map_and_the_activation():
         fd.FC(2).weights(params)
     with pytest.raises(TypeError, match="normalization_fn must be callable"):
         fd.FC(2, normalization_fn=3)
+
+
+def test_fc_activation_by_name():
+    """A jax.nn name is the same function (and shows as a name in help(fd.FC), not an object address)."""
+    assert fd.FC(2).activation is jax.nn.relu and fd.FC(2, activation="tanh").activation is jax.nn.tanh
+    assert fd.FC(2, activation=None).activation is None
+    with pytest.raises(ValueError, match="jax.nn has no activation 'nope'"):
+        fd.FC(2, activation="nope")
+    with pytest.raises(TypeError, match="activation must be a callable, a jax.nn name or None"):
+        fd.FC(2, activation=3)
+    import inspect
+    assert inspect.signature(fd.FC).parameters["activation"].default == "relu"

@@ -127,3 +127,27 @@ def test_params_of_another_shape_or_dtype_are_refused(change, message):
     batch = compiler.build_batch([[1.0, 2.0, 3.0]])
     with pytest.raises(TypeError, match=message):
         compiler.apply({"fc": change(params["fc"])}, batch)
+
+
+def test_batches_say_which_examples_they_hold():
+    """Shuffled batches' outputs pair with labels kept outside the examples through example_indices."""
+    compiler = fd.Compiler.create(fd.Scalar() >> fd.Function(lambda x: 2 * x))
+    data = [float(i) for i in range(7)]
+    labels = [10 * i for i in range(7)]
+    seen = []
+    for workers in (0, 1):
+        for batch in compiler.batches(data, 3, shuffle=True, seed=4, num_workers=workers):
+            out = compiler.apply({}, batch).outputs
+            paired = [labels[i] for i in batch.example_indices]
+            np.testing.assert_allclose(out, [label / 5 for label in paired])
+            seen.extend(batch.example_indices.tolist())
+    assert sorted(seen) == sorted(list(range(7)) * 2)
+    recorded = compiler.record(data)
+    assert compiler.build_batch(recorded[[5, 2]]).example_indices.tolist() == [5, 2]
+    assert compiler.build_batch(data[:3]).example_indices.tolist() == [0, 1, 2]
+
+
+def test_a_compiler_shows_its_model():
+    compiler = fd.Compiler.create(fd.Map(fd.Vector(2) >> fd.FC(3, name="dense") >> fd.Metric("m")) >> fd.Void())
+    assert repr(compiler) == ("Compiler(root=Pipe: PyObjectType() -> VoidType(), 1 operations, layers=['dense'], "
+                              "metrics=['m'], chunk_size=(32, 128, 512), backward='auto')")
