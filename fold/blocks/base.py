@@ -133,6 +133,33 @@ class Block(metaclass=_BlockMeta):
         cls = type(self).__name__
         return f"{cls}({self._name!r})" if self._name else cls
 
+    def __str__(self) -> str:
+        """The block tree, one block a line with its types (``print(model)``).
+
+        >>> import fold as fd
+        >>> print(fd.Map(fd.Scalar()) >> fd.Sum())
+        Pipe: PyObjectType() -> TensorType((), 'float32')
+          Map: PyObjectType() -> SequenceType(TensorType((), 'float32'))
+            Scalar: PyObjectType() -> TensorType((), 'float32')
+          Sum: SequenceType(TensorType((), 'float32')) -> TensorType((), 'float32')
+            Function(add): TupleType(TensorType((), 'float32'), TensorType((), 'float32')) -> TensorType((), 'float32')
+            Zeros: VoidType() -> TensorType((), 'float32')
+        """
+        lines: list[str] = []
+        seen: set[int] = set()
+
+        def show(block: Block, depth: int) -> None:
+            again = id(block) in seen
+            seen.add(id(block))
+            types = f"{block.input_type or '?'} -> {block.output_type or '?'}"
+            lines.append(f"{'  ' * depth}{block!r}: {types}{' (shown above)' if again and block.children() else ''}")
+            if not again:
+                for child in block.children():
+                    show(child, depth + 1)
+
+        show(self, 0)
+        return "\n".join(lines)
+
     def _path_name(self) -> str:
         return repr(self)
 

@@ -308,19 +308,25 @@ class Reduce(Block):
         return (yield from self._reduce(xs))
 
 
-def Sum(name: str | None = None) -> Reduce:
-    """Sums a sequence of tensors (zeros if empty)."""
-    return Reduce(Function(jnp.add), name=name)
+class Sum(Reduce):
+    """Sums a sequence of tensors (zeros if empty): ``Reduce`` with ``add``."""
+
+    def __init__(self, name: str | None = None):
+        super().__init__(Function(jnp.add), name=name)
 
 
-def Min(name: str | None = None) -> Reduce:
+class Min(Reduce):
     """Element-wise minimum of a sequence of tensors (zeros if empty)."""
-    return Reduce(Function(jnp.minimum), name=name)
+
+    def __init__(self, name: str | None = None):
+        super().__init__(Function(jnp.minimum), name=name)
 
 
-def Max(name: str | None = None) -> Reduce:
+class Max(Reduce):
     """Element-wise maximum of a sequence of tensors (zeros if empty)."""
-    return Reduce(Function(jnp.maximum), name=name)
+
+    def __init__(self, name: str | None = None):
+        super().__init__(Function(jnp.maximum), name=name)
 
 
 def _mean(total: Any, count: Any) -> Any:
@@ -328,9 +334,11 @@ def _mean(total: Any, count: Any) -> Any:
     return total / count.reshape(count.shape + (1,) * (total.ndim - 1))
 
 
-def Mean(name: str | None = None) -> Pipe:
+class Mean(Pipe):
     """Mean of a sequence of tensors (zeros if empty): ``Sum`` plus one level."""
-    return Pipe(AllOf(Sum(), Length()), Function(_mean), name=name)
+
+    def __init__(self, name: str | None = None):
+        super().__init__(AllOf(Sum(), Length()), Function(_mean), name=name)
 
 
 class Broadcast(Block):

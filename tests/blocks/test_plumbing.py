@@ -153,3 +153,16 @@ def test_an_empty_pipe_is_the_identity():
     assert fd.Pipe().eval("anything") == "anything"
     compiler = fd.Compiler.create(fd.Vector(2) >> fd.Pipe())
     assert compiler.apply({}, compiler.build_batch([[1.0, 2.0]])).outputs.tolist() == [[1.0, 2.0]]
+
+
+def test_print_shows_the_block_tree_with_types():
+    node = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((2,)))
+    node.resolve_to(fd.OneOf(lambda t: isinstance(t, list), {False: fd.Vector(2),
+                                                             True: fd.Map(node()) >> fd.Mean()}))
+    text = str(node() >> fd.FC(1, name="out"))
+    lines = text.splitlines()
+    assert lines[0] == "Pipe: PyObjectType() -> TensorType((1,), 'float32')"
+    assert "    Mean: SequenceType(TensorType((2,), 'float32')) -> TensorType((2,), 'float32')" in text
+    assert lines[-1] == "  Function(FC): TensorType((2,), 'float32') -> TensorType((1,), 'float32')"
+    assert text.count("(shown above)") == 1  # the recursion is shown once
+    assert str(fd.Map(fd.Function(jnp.sin))).startswith("Map: ? -> ?")
