@@ -94,11 +94,12 @@ def build_model(hidden: int) -> fd.Block:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--train-size", type=int, default=20_000)
-    p.add_argument("--test-size", type=int, default=3_000)
-    p.add_argument("--max-depth", type=int, default=6)
-    p.add_argument("--hidden", type=int, default=64)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--train-size", type=int, default=20_000, help="training expressions")
+    p.add_argument("--test-size", type=int, default=3_000, help="test expressions")
+    p.add_argument("--max-depth", type=int, default=6, help="deepest expression tree")
+    p.add_argument("--hidden", type=int, default=64, help="state size of the expression encoder")
     add_training_flags(p, "calculator", epochs=20, batch_size=64, learning_rate=2e-3)
     args = p.parse_args(argv)
     if args.quick:

@@ -46,10 +46,11 @@ def build_model(hidden: int = 32) -> fd.Block:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="trees per batch")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and the parameters")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)

@@ -77,11 +77,12 @@ def accuracies(compiler: fd.Compiler, params: Any, data: list[tuple[str, int]]) 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", default=None, help="folder with train.txt, dev.txt, test.txt")
-    p.add_argument("--cell", choices=["rnn", "gru"], default="gru")
-    p.add_argument("--embed-size", type=int, default=64)
-    p.add_argument("--state-size", type=int, default=64)
+    p.add_argument("--cell", choices=["rnn", "gru"], default="gru", help="recurrent cell")
+    p.add_argument("--embed-size", type=int, default=64, help="word embedding size")
+    p.add_argument("--state-size", type=int, default=64, help="recurrent state size")
     add_training_flags(p, "sentiment_pipeline", epochs=6, batch_size=64, learning_rate=2e-3)
     args = p.parse_args(argv)
     if args.quick:

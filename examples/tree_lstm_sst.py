@@ -117,11 +117,12 @@ def evaluate(compiler: fd.Compiler, params: Any, trees: list[Any], batch_size: i
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", default=None, help="folder with train.txt, dev.txt, test.txt")
     p.add_argument("--glove", default=None, help="GloVe-format text file for the initial embeddings")
-    p.add_argument("--embed-size", type=int, default=100)
-    p.add_argument("--state-size", type=int, default=150)
+    p.add_argument("--embed-size", type=int, default=100, help="word embedding size")
+    p.add_argument("--state-size", type=int, default=150, help="Tree-LSTM state size")
     p.add_argument("--recurrent-dropout", type=float, default=0.0,
                    help="dropout rate on the cell's candidate update (Semeniuta et al. 2016)")
     p.add_argument("--embed-dropout", type=float, default=0.0, help="dropout rate on the word vectors")

@@ -164,12 +164,13 @@ def r_squared(prediction: np.ndarray, target: np.ndarray) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--train-size", type=int, default=4_000)
-    p.add_argument("--test-size", type=int, default=1_000)
-    p.add_argument("--min-atoms", type=int, default=4)
-    p.add_argument("--max-atoms", type=int, default=10)
-    p.add_argument("--hidden", type=int, default=32)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--train-size", type=int, default=4_000, help="training molecules")
+    p.add_argument("--test-size", type=int, default=1_000, help="test molecules")
+    p.add_argument("--min-atoms", type=int, default=4, help="fewest atoms of a molecule")
+    p.add_argument("--max-atoms", type=int, default=10, help="most atoms of a molecule")
+    p.add_argument("--hidden", type=int, default=32, help="weave module width")
     p.add_argument("--modules", type=int, default=2, help="stacked weave modules")
     add_training_flags(p, "weave", epochs=15, batch_size=32, learning_rate=3e-3)
     args = p.parse_args(argv)

@@ -562,6 +562,40 @@ class Compiler:
         alone = Compiler(self.program, self.chunk_sizes, self.backward, self.save_limit)
         numerics.check_gradients(alone, params, examples, loss, dataset_indices)
 
+    def summary(self) -> str:
+        """What the model is made of: its layers with their parameters' shapes and counts, its
+        operations (each batched across a whole batch) with their types, and its arena types.
+
+        >>> import fold as fd
+        >>> print(fd.Compiler.create(fd.Map(fd.Vector(2) >> fd.FC(3, name="dense")) >> fd.Max()).summary())
+        root Pipe: PyObjectType() -> TensorType((3,), 'float32')
+        layers (9 parameters):
+          dense  FC  takes TensorType((2,), 'float32')  b (3,), w (2, 3)  9
+        operations (2; one batched call per depth each):
+          0  Function(FC)       TensorType((2,), 'float32') -> TensorType((3,), 'float32')
+          1  Function(maximum)  TupleType(TensorType((3,), 'float32'), TensorType((3,), 'float32')) -> ...
+        tensor types (arenas): TensorType((3,), 'float32'), TensorType((2,), 'float32')
+        """
+        p = self.program
+        structs = self._param_structs
+        layers = []
+        for name, (layer, t) in sorted(p.layers.items()):
+            leaves = jax.tree_util.tree_flatten_with_path(structs[name])[0]
+            shapes = ", ".join(f"{jax.tree_util.keystr(path).strip('[]').strip(chr(39))} {tuple(x.shape)}"
+                               for path, x in leaves)
+            count = sum(int(np.prod(x.shape)) for _, x in leaves)
+            layers.append((name, type(layer).__name__, f"takes {t}", shapes or "no parameters", str(count)))
+        total = sum(int(row[-1]) for row in layers)
+        lines = [f"root {p.root!r}: {p.root.input_type} -> {p.output_type}", f"layers ({total:,} parameters):"]
+        lines += _table(layers) or ["  (none)"]
+        lines.append(f"operations ({len(p.ops)}; one batched call per depth each):")
+        lines += _table([(str(o), op.spec.label, f"{op.spec.in_type} -> {op.spec.out_type}")
+                         for o, op in enumerate(p.ops)]) or ["  (none)"]
+        if p.metric_types:
+            lines.append("metrics: " + ", ".join(f"{n} {t}" for n, t in p.metric_types.items()))
+        lines.append("tensor types (arenas): " + ", ".join(str(t) for t in p.types))
+        return "\n".join(lines)
+
     def stats(self, reset: bool = False) -> CompilerStats:
         """Counts of what this compiler has built and traced (see ``CompilerStats``).
 
@@ -608,3 +642,11 @@ class Compiler:
         metrics = {name: [convert(vid, t) for vid in builder.metric_values[name]]
                    for name, t in self.program.metric_types.items()}
         return out, metrics
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """``rows`` as indented lines with aligned columns (the last one ragged)."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  " + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]) for r in rows]

@@ -151,3 +151,14 @@ def test_a_compiler_shows_its_model():
     compiler = fd.Compiler.create(fd.Map(fd.Vector(2) >> fd.FC(3, name="dense") >> fd.Metric("m")) >> fd.Void())
     assert repr(compiler) == ("Compiler(root=Pipe: PyObjectType() -> VoidType(), 1 operations, layers=['dense'], "
                               "metrics=['m'], chunk_size=(32, 128, 512), backward='auto')")
+
+
+def test_summary_lists_layers_operations_metrics_and_types():
+    model = fd.Map(fd.Vector(4) >> fd.FC(3, name="dense") >> fd.Dropout(0.5, name="drop")
+                   >> fd.Metric("m")) >> fd.Void()
+    text = fd.Compiler.create(model).summary()
+    assert "layers (15 parameters):" in text
+    assert "  dense  FC       takes TensorType((4,), 'float32')  b (3,), w (4, 3)  15" in text
+    assert "  drop   Dropout  takes TensorType((3,), 'float32')  no parameters" in text
+    assert "metrics: m TensorType((3,), 'float32')" in text
+    assert text.splitlines()[0] == "root Pipe: PyObjectType() -> VoidType()"
