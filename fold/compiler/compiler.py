@@ -644,7 +644,7 @@ class Compiler:
         return out, metrics
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     """``rows`` as indented lines with aligned columns (the last one ragged)."""
     if not rows:
         return []
