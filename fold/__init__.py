@@ -54,6 +54,7 @@ from fold.blocks.types import (
     VoidType,
     convert_to_type,
 )
+from fold.checkpoint import load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats
@@ -69,5 +70,6 @@ __all__ = [
     "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot",
     "OneHotFromList", "OneOf", "Optional", "Pipe", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce",
     "Result", "Scalar", "SequenceType", "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void",
-    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
+    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint",
+    "save_checkpoint",
 ]

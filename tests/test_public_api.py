@@ -14,7 +14,7 @@ PUBLIC = [
     "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional",
     "Pipe", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "Slice",
     "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith",
-    "convert_to_block", "convert_to_type",
+    "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint",
 ]
 
 
