@@ -9,7 +9,8 @@ with the reference, which evaluates one example at a time in plain ``jax.numpy``
 nothing with the scheduler or the executor. An exception is a failure too.
 
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
-every mismatch with the arguments that reproduce it: ``python -m benchmarks.fuzz --case SEED``).
+saved every ``SAVE_EVERY`` cases and on Ctrl-C, every mismatch with the seed that reproduces it:
+``python -m benchmarks.fuzz --case SEED``).
 ``tests/test_fuzz.py`` runs a few cases drawn by ``hypothesis`` in the suite.
 """
 
@@ -34,6 +35,8 @@ from benchmarks.random_models import random_model
 
 MODES = ("save", "auto", "recompute")
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
+# Cases between saves of the results file during a run.
+SAVE_EVERY = 20
 # Tolerances of float32 batched against per-example evaluation (sums in another order).
 RTOL, ATOL, GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-6, 1e-4, 2e-5
 
@@ -119,32 +122,45 @@ def main() -> None:
         tqdm = None
     seeds = range(args.first_seed, args.first_seed + args.cases)
     progress = tqdm(seeds, desc="fuzz", unit="case") if tqdm is not None else seeds
-    failures, blocks, modes = [], collections.Counter(), collections.Counter()
-    start = time.perf_counter()
-    for seed in progress:
-        case = Case.draw(seed)
-        modes[f"backward={case.backward}"] += 1
-        modes["recorded" if case.recorded else "walked"] += 1
-        try:
-            blocks.update(_blocks(run_case(case)))
-        except Exception as e:  # a mismatch (AssertionError) or any error is a finding
-            failures.append({"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
-                             "traceback": traceback.format_exc()[-3000:]})
-            if tqdm is None:
-                print(f"case {seed}: {type(e).__name__}")
-        if tqdm is not None:
-            progress.set_postfix(failures=len(failures))
-        jax.clear_caches()  # every case compiles its own functions; keep memory flat over a long run
-    seconds = time.perf_counter() - start
-    result = {
-        "args": vars(args), "cases": args.cases, "failures": len(failures), "seconds": round(seconds, 1),
-        "seconds_per_case": round(seconds / args.cases, 2), "block_counts": dict(sorted(blocks.items())),
-        "mode_counts": dict(sorted(modes.items())), "failed_cases": failures, "machine": machine(),
-    }
+    failures: list[dict] = []
+    blocks: collections.Counter = collections.Counter()
+    modes: collections.Counter = collections.Counter()
     path = pathlib.Path(args.json) if args.json else RESULTS / "fuzz.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{args.cases} cases, {len(failures)} failures, {seconds:.0f} s; results written to {path}")
+    start, done = time.perf_counter(), 0
+
+    def save() -> None:
+        seconds = time.perf_counter() - start
+        result = {
+            "args": vars(args), "cases_run": done, "cases_asked": args.cases, "failures": len(failures),
+            "seconds": round(seconds, 1), "seconds_per_case": round(seconds / max(done, 1), 2),
+            "block_counts": dict(sorted(blocks.items())), "mode_counts": dict(sorted(modes.items())),
+            "failed_cases": failures, "machine": machine(),
+        }
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+    try:
+        for seed in progress:
+            case = Case.draw(seed)
+            try:
+                blocks.update(_blocks(run_case(case)))
+            except Exception as e:  # a mismatch (AssertionError) or any error is a finding
+                failures.append({"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
+                                 "traceback": traceback.format_exc()[-3000:]})
+                if tqdm is None:
+                    print(f"case {seed}: {type(e).__name__}")
+            modes[f"backward={case.backward}"] += 1
+            modes["recorded" if case.recorded else "walked"] += 1
+            done += 1
+            if tqdm is not None:
+                progress.set_postfix(failures=len(failures))
+            if done % SAVE_EVERY == 0:
+                save()  # a long run that is stopped keeps what it found
+            jax.clear_caches()  # every case compiles its own functions; keep memory flat over a long run
+    except KeyboardInterrupt:
+        print(f"\nstopped after {done} cases")
+    save()
+    print(f"{done} cases, {len(failures)} failures, {time.perf_counter() - start:.0f} s; results written to {path}")
 
 
 if __name__ == "__main__":
