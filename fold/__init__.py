@@ -27,6 +27,7 @@ from fold.blocks.inputs import (
 )
 from fold.blocks.layers import FC, Dropout, Embedding, Layer
 from fold.blocks.plumbing import AllOf, GetItem, Pipe, Record, Slice
+from fold.blocks.protobuf import ProtoMessageToTree, SerializedMessageToTree
 from fold.blocks.sequences import (
     RNN,
     Broadcast,
@@ -67,9 +68,9 @@ __all__ = [
     "AllOf", "Batch", "BatchLayout", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast",
     "BroadcastSequenceType", "Compiler", "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC",
     "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity", "InputTransform",
-    "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot",
-    "OneHotFromList", "OneOf", "Optional", "Pipe", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce",
-    "Result", "Scalar", "SequenceType", "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void",
-    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint",
-    "save_checkpoint",
+    "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth",
+    "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
+    "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
+    "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros", "Zip",
+    "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint",
 ]
