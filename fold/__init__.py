@@ -61,6 +61,7 @@ from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats
 from fold.scheduler.batch import Batch, BatchLayout, BatchStats
 from fold.scheduler.records import RecordedExamples
+from fold.visualize import visualize
 
 __version__ = "0.1.0"
 
@@ -72,5 +73,5 @@ __all__ = [
     "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
     "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
     "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros", "Zip",
-    "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint",
+    "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint", "visualize",
 ]

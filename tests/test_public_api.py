@@ -15,7 +15,7 @@ PUBLIC = [
     "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
     "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
     "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros", "Zip",
-    "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint",
+    "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint", "visualize",
 ]
 
 

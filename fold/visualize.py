@@ -1,0 +1,86 @@
+r"""``visualize(block)``: a block tree as a Graphviz graph, for notebooks and docs.
+
+Each block is a node showing what it is and its types (``float32[3]`` for a tensor, ``[...]`` for
+a sequence, ``(..., ...)`` for a tuple, ``obj`` for a Python object); an arrow goes from each
+block to the blocks it contains, in order (a pipe's stages, a record's fields, a one-of's cases,
+a map's element block), and a dashed arrow from each use of a ``ForwardDeclaration`` back to the
+declaration: the recursion. Needs the ``graphviz`` package; the graph's ``source`` is DOT text,
+and rendering it (inline SVG in a notebook, ``graph.render(...)``) needs Graphviz's ``dot``
+program.
+
+>>> import fold as fd
+>>> graph = fd.visualize(fd.Map(fd.Scalar()) >> fd.Sum())
+>>> [line.strip() for line in graph.source.splitlines()[3:5]]
+['b0 [label="Pipe\\nobj → float32"]', 'b1 [label="Map\\nobj → [float32]"]']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fold.blocks.base import Block
+from fold.blocks.types import (
+    BroadcastSequenceType,
+    PyObjectType,
+    SequenceType,
+    Type,
+    VoidType,
+    fold_type,
+)
+
+__all__ = ["visualize", "short_type"]
+
+
+def short_type(t: Type | None) -> str:
+    """A compact spelling of a type: ``float32[3]``, ``[int32]``, ``(float32[2], obj)``, ``void``."""
+    if t is None:
+        return "?"
+
+    def sequence(s: SequenceType, element: str) -> str:
+        return f"[{element}]*" if isinstance(s, BroadcastSequenceType) else f"[{element}]"
+
+    def other(o: Type) -> str:
+        return "obj" if isinstance(o, PyObjectType) else "void" if isinstance(o, VoidType) else repr(o)
+
+    return fold_type(t, lambda x: f"{x.dtype}[{', '.join(map(str, x.shape))}]" if x.shape else x.dtype,
+                     lambda _, items: f"({', '.join(items)})", sequence, other)
+
+
+def visualize(block: Any, types: bool = True) -> Any:
+    """The block tree of ``block`` as a ``graphviz.Digraph`` (see the module docstring).
+
+    Args:
+      block: a block, or anything ``convert_to_block`` takes.
+      types: show each block's input and output types.
+
+    Raises:
+      ImportError: the ``graphviz`` package is not installed.
+    """
+    try:
+        import graphviz
+    except ImportError as e:
+        raise ImportError("fd.visualize needs the graphviz package: pip install graphviz "
+                          "(and Graphviz's dot program to render the graph)") from e
+    from fold.blocks.base import convert_to_block
+    from fold.blocks.control import ForwardDeclaration
+
+    root = convert_to_block(block)
+    graph = graphviz.Digraph(graph_attr={"rankdir": "TB"}, node_attr={"shape": "box", "fontsize": "10"})
+    ids: dict[int, str] = {}
+
+    def add(b: Block) -> str:
+        name = ids.get(id(b))
+        if name is not None:
+            return name
+        name = ids[id(b)] = f"b{len(ids)}"
+        # "\\n" is DOT's centred line break.
+        label = repr(b) + (f"\\n{short_type(b.input_type)} → {short_type(b.output_type)}" if types else "")
+        shape = {"shape": "ellipse"} if isinstance(b, ForwardDeclaration) else {}
+        graph.node(name, label, **shape)
+        for child in b.children():
+            recursion = isinstance(child, ForwardDeclaration) and id(child) in ids
+            graph.edge(name, add(child), **({"style": "dashed", "label": "recurses"} if recursion else {}))
+        return name
+
+    add(root)
+    return graph
