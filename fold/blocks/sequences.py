@@ -359,7 +359,7 @@ class Broadcast(Block):
 class Zip(Block):
     """A tuple of sequences to a sequence of tuples, as long as the shortest.
 
-    Broadcast sequences repeat; at least one input must be finite.
+    Broadcast sequences repeat; when every input is one, so is the result (as in Fold).
     """
 
     _leaf = True
@@ -369,24 +369,23 @@ class Zip(Block):
             return
         if not isinstance(t, TupleType) or len(t) == 0 or not all(isinstance(i, SequenceType) for i in t):
             raise TypeError(f"{self!r} takes a tuple of sequences, not {t}")
-        if all(isinstance(i, BroadcastSequenceType) for i in t):
-            raise TypeError(f"{self!r} needs at least one finite sequence, got {t}")
 
     def _infer(self) -> None:
         t = self.input_type
         if isinstance(t, TupleType):
             elements = [i.element_type for i in t if isinstance(i, SequenceType)]  # all are (checked)
-            set_child(self, SequenceType(TupleType(*elements)), self, "output", "output")
+            kind = BroadcastSequenceType if all(isinstance(i, BroadcastSequenceType) for i in t) else SequenceType
+            set_child(self, kind(TupleType(*elements)), self, "output", "output")
         elif isinstance(t, PyObjectType):
             set_child(self, t, self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: Any) -> list:
+    def _host_leaf(self, x: Any, ctx: Any) -> list | Repeat:
         if not isinstance(x, (tuple, list)):
             raise TypeError(f"{self!r} expected a tuple of sequences, got {type(x).__name__}")
         seqs = [s if isinstance(s, Repeat) else _as_list(self, s) for s in x]
         lengths = [len(s) for s in seqs if not isinstance(s, Repeat)]
-        if not lengths:
-            raise TypeError(f"{self!r} needs at least one finite sequence")
+        if not lengths:  # every input repeats: so does the result
+            return Repeat(tuple(s.value for s in seqs if isinstance(s, Repeat)))
         return [tuple(s.value if isinstance(s, Repeat) else s[i] for s in seqs) for i in range(min(lengths))]
 
 
@@ -396,7 +395,8 @@ def ZipWith(elem_block: Any, name: str | None = None) -> Pipe:
 
 
 class NGrams(Block):
-    """The sequence of n-tuples of consecutive elements."""
+    """The sequence of n-tuples of consecutive elements (of a broadcast sequence: a broadcast of the
+    value n times, as in Fold)."""
 
     _leaf = True
 
@@ -407,14 +407,17 @@ class NGrams(Block):
         super().__init__(name)
 
     def _check_input(self, t: Type) -> None:
-        _finite(self, t)
+        _element_type(self, t)
 
     def _infer(self) -> None:
         if self.input_type is not None:
             elem = _element_type(self, self.input_type)
-            set_child(self, SequenceType(TupleType(*[elem] * self.n)), self, "output", "output")
+            kind = BroadcastSequenceType if isinstance(self.input_type, BroadcastSequenceType) else SequenceType
+            set_child(self, kind(TupleType(*[elem] * self.n)), self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: Any) -> list:
+    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+        if isinstance(x, Repeat):
+            return Repeat(tuple([x.value] * self.n))
         xs = _as_list(self, x)
         return [tuple(xs[i:i + self.n]) for i in range(len(xs) - self.n + 1)]
 

@@ -79,8 +79,9 @@ def test_zip_and_broadcast():
     assert floats(block.eval(([1, 2, 3], 10))) == [10, 20, 30]
     shortest = (fd.Map(fd.Scalar()), fd.Map(fd.Scalar())) >> fd.ZipWith(fd.Function(jnp.add))
     assert floats(shortest.eval(([1, 2, 3], [10, 20]))) == [11, 22]
-    with pytest.raises(TypeError, match="finite"):
-        (fd.Scalar() >> fd.Broadcast(), fd.Scalar() >> fd.Broadcast()) >> fd.Zip()
+    # Only broadcasts: a broadcast (test_zip_and_ngrams_of_broadcasts_are_broadcasts).
+    assert isinstance(((fd.Scalar() >> fd.Broadcast(), fd.Scalar() >> fd.Broadcast()) >> fd.Zip()).output_type,
+                      fd.BroadcastSequenceType)
 
 
 def test_center_sequence_example_from_fold_docs():
@@ -167,3 +168,20 @@ def test_map_of_a_host_function_is_a_python_object():
     model = fd.Map(fd.InputTransform(lambda x: 2 * x)) >> fd.Map(fd.Scalar()) >> fd.Sum()
     compiler = fd.Compiler.create(model)
     np.testing.assert_allclose(compiler.apply({}, compiler.build_batch([[1, 2], [3]])).outputs, [6.0, 6.0])
+
+
+def test_zip_and_ngrams_of_broadcasts_are_broadcasts():
+    """As in Fold: zipping only broadcast sequences, or n-grams of one, repeats endlessly too."""
+    both = fd.Record((fd.Scalar() >> fd.Broadcast(), fd.Vector(2) >> fd.Broadcast())) >> fd.Zip()
+    assert both.output_type == fd.BroadcastSequenceType(fd.TupleType(fd.TensorType(()), fd.TensorType((2,))))
+    grams = fd.Scalar() >> fd.Broadcast() >> fd.NGrams(3)
+    assert grams.output_type == fd.BroadcastSequenceType(fd.TupleType(*[fd.TensorType(())] * 3))
+    # Zipped with a finite sequence, they take its length.
+    model = (fd.Record((fd.Map(fd.Scalar()), both, grams)) >> fd.Zip()
+             >> fd.Map(fd.Function(lambda x, pair, gram: x + pair[0] + pair[1].sum(-1) + gram[0] + gram[2]))
+             >> fd.Sum())
+    compiler = fd.Compiler.create(model)
+    examples = [([1.0, 2.0, 3.0], (10.0, [1.0, 2.0]), 4.0), ([5.0], (0.0, [0.0, 0.0]), -1.0)]
+    out = compiler.apply({}, compiler.build_batch(examples)).outputs
+    expected = [sum(x + a + sum(v) + 2 * g for x in xs) for xs, (a, v), g in examples]
+    np.testing.assert_allclose(out, expected)
