@@ -105,6 +105,8 @@ class Block(metaclass=_BlockMeta):
     """
 
     _leaf = False
+    # NumPy defers to ``__rrshift__``: ``np.array(...) >> block`` is ``FromTensor(array) >> block``.
+    __array_ufunc__ = None
     _ready = False  # set once the constructor returns (``_BlockMeta``): inference waits for it
     _scoped = True  # registers itself with the enclosing Composition scope
 

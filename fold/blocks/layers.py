@@ -55,6 +55,8 @@ class Layer(abc.ABC):
 
     #: Whether ``apply`` takes a ``key=`` keyword (see the class docstring).
     stochastic: bool = False
+    # NumPy defers to ``__rrshift__``: ``np.array(...) >> layer`` is ``FromTensor(array) >> layer``.
+    __array_ufunc__ = None
 
     def __init__(self, name: str | None = None, trainable: bool = True):
         if name is not None and (not isinstance(name, str) or not name):
