@@ -81,8 +81,9 @@ def compare(compiler: fd.Compiler, params: dict, batch: fd.Batch, reference: Any
                                    err_msg=f"{where}: {jax.tree_util.keystr(path)}")
 
 
-def run_case(case: Case) -> str:
-    """Runs ``case``; returns the model's description. Raises on any mismatch or error."""
+def run_case(case: Case) -> tuple[str, int]:
+    """Runs ``case``; returns the model's description and how many examples were compared with the
+    reference. Raises on any mismatch or error."""
     model = random_model(case.seed, n=6, rich=True, wide=case.wide)
     where = f"{model.text} ({case})"
     compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
@@ -90,10 +91,12 @@ def run_case(case: Case) -> str:
     order = np.random.default_rng([case.seed, 2]).permutation(len(model.examples))
     examples = [model.examples[i] for i in order]
     source = compiler.record(examples) if case.recorded else examples
+    compared = 0
     for k, batch in enumerate(compiler.batches(source, case.batch_size)):
-        part = examples[k * case.batch_size:(k + 1) * case.batch_size]
+        part = [examples[i] for i in batch.example_indices]
         compare(compiler, params, batch, model.reference, part, f"{where}, batch {k}", case.seed)
-    return model.text
+        compared += len(part)
+    return model.text, compared
 
 
 def _blocks(text: str) -> list[str]:
@@ -111,8 +114,8 @@ def main() -> None:
     if args.case is not None:
         case = Case.draw(args.case)
         print(case)
-        print(run_case(case))
-        print("ok")
+        text, compared = run_case(case)
+        print(f"{text}\nok: {compared} examples match the reference")
         return
     if args.cases < 1:
         raise SystemExit("--cases must be >= 1")
@@ -143,7 +146,7 @@ def main() -> None:
         for seed in progress:
             case = Case.draw(seed)
             try:
-                blocks.update(_blocks(run_case(case)))
+                blocks.update(_blocks(run_case(case)[0]))
             except Exception as e:  # a mismatch (AssertionError) or any error is a finding
                 failures.append({"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
                                  "traceback": traceback.format_exc()[-3000:]})

@@ -15,4 +15,7 @@ from benchmarks.fuzz import CHUNKS, MODES, Case, run_case
 @given(seed=st.integers(0, 2**20), chunk=st.sampled_from(CHUNKS), backward=st.sampled_from(MODES),
        recorded=st.booleans(), batch_size=st.integers(1, 6))
 def test_random_models_match_their_reference(seed, chunk, backward, recorded, batch_size):
-    run_case(Case(seed, chunk, backward, recorded, batch_size, wide=False))
+    """``run_case`` asserts outputs and gradients against the per-example reference batch by batch;
+    every example must have been compared."""
+    text, compared = run_case(Case(seed, chunk, backward, recorded, batch_size, wide=False))
+    assert compared == 6 and text
