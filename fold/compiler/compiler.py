@@ -346,7 +346,7 @@ class Compiler:
             return schedule(self.program, rec, roots, len(examples), self.chunk_sizes, check=False, owner=self._token)
         if isinstance(examples, ExampleChunk):
             return self._build(examples.examples, dataset_indices=examples.indices)[0]
-        examples = list(examples)
+        examples = examples if isinstance(examples, list) else list(examples)  # build_batch listed them
         if not examples:
             raise ValueError("build_batch needs at least one example")
         return self._build(examples)[0]
