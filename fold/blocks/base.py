@@ -13,6 +13,10 @@ Host-walk protocol. A block either
   ``(child, child_input, label)`` requests and receives each child's
   output back; its return value is its output.
 
+``ctx`` is the batch builder, seen through the ``HostContext`` protocol
+(``fold/blocks/host.py``): the members listed there are all a block may
+use of it.
+
 The driver in the scheduler runs these generators on an explicit stack,
 so walking a 10,000-deep input never recurses in Python. ``label`` is this
 block's element of the error path (``"Record['left']"``, or
@@ -38,17 +42,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fold.blocks.host import HostContext
 from fold.blocks.types import Type, convert_to_type
 from fold.errors import LeafError, set_type, type_error
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = ["Block", "convert_to_block", "Repeat", "run_leaf", "scope_stack", "set_child", "unify"]
 
 _scopes = threading.local()
 
 
-def run_leaf(block: Block, x: Any, ctx: Any, label: Any = None) -> Any:
+def run_leaf(block: Block, x: Any, ctx: HostContext, label: Any = None) -> Any:
     """Runs leaf ``block`` on ``x`` from inside a parent's ``_host`` generator (or a leaf ``Pipe``)."""
     try:
         return block._host_leaf(x, ctx)
@@ -274,16 +282,16 @@ class Block(metaclass=_BlockMeta):
         return self
 
     # ------------------------------------------------------------ host walk
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         """Leaf blocks compute their host output here."""
         raise TypeError(f"{self!r} is not a leaf block")
 
-    def _host(self, x: Any, ctx: Any) -> Iterator:
+    def _host(self, x: Any, ctx: HostContext) -> Iterator:
         """Composite blocks yield ``(child, input, label)`` and return their output."""
         raise TypeError(f"{self!r} defines no host walk")
         yield  # pragma: no cover
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         """Emits this block's host work on variable ``x`` into a host plan; returns the result's variable.
 
         ``em`` is a ``fold.scheduler.plan.Emitter``. The default runs

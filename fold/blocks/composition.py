@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, scope_stack, unify
+from fold.blocks.host import HostContext
 from fold.blocks.types import TupleType, VoidType
 from fold.errors import set_type, type_error
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = ["Composition"]
 
@@ -43,7 +47,7 @@ class _Port(Block):
         if self._owner._ready:
             self._owner._infer()
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return x
 
 
@@ -187,7 +191,7 @@ class Composition(Block):
                 order.append((n, self._sources.get(n, ())))
         return order
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         if self._order is None:
             self._validate()
         vals: dict = {self.input: x}
@@ -204,7 +208,7 @@ class Composition(Block):
                 vals[b] = run_leaf(b, inp, ctx) if b._leaf else (yield b, inp, None)
         return vals[self.output]
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         if self._order is None:
             self._validate()
         vals: dict = {self.input: x}

@@ -5,13 +5,17 @@ from __future__ import annotations
 import functools
 import reprlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, unify
+from fold.blocks.host import HostContext
 from fold.blocks.types import PyObjectType, TensorType, TupleType, Type, VoidType
 from fold.errors import ExplainedTypeError
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = ["OneOf", "ForwardDeclaration", "Metric"]
 
@@ -94,7 +98,7 @@ class OneOf(Block):
         except TypeError:
             raise TypeError(f"{self!r}: key {key!r} is unhashable") from None
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         if self.key_block is not None:
             key = yield self.key_block, x, "OneOf[key]"
         else:
@@ -104,7 +108,7 @@ class OneOf(Block):
             x = yield self.pre_block, x, "OneOf[pre]"
         return run_leaf(case, x, ctx, "OneOf") if case._leaf else (yield case, x, "OneOf")
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         if self.key_block is not None:
             key = em.emit(self.key_block, x)
         else:
@@ -113,8 +117,11 @@ class OneOf(Block):
         if self.pre_block is not None:
             x = em.emit(self.pre_block, x)
         out = em.var()
-        em.branches([(f"{case} is {em.bind(c, 'b')}", lambda c=c: em.line(f"{out} = {em.emit(c, x)}"))
-                     for c in self._case_list])
+
+        def arm(c: Block) -> Callable[[], None]:
+            return lambda: em.line(f"{out} = {em.emit(c, x)}")
+
+        em.branches([(f"{case} is {em.bind(c, 'b')}", arm(c)) for c in self._case_list])
         return out
 
 
@@ -189,7 +196,7 @@ class _Reference(Block):
     def _infer(self) -> None:
         self.decl._infer()
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         target = self.decl.target
         if target is None:
             raise ValueError(f"{self.decl!r} was never resolved: call resolve_to(block)")
@@ -213,7 +220,7 @@ class _Reference(Block):
         finally:
             ctx.recursing.discard(call)
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         return em.recurse(self.decl, x)
 
 
@@ -261,14 +268,14 @@ class Metric(Block):
         t = t[0] if isinstance(t, TupleType) else t
         return t if isinstance(t, TensorType) else None
 
-    def _host_leaf(self, x: Any, ctx: Any) -> None:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> None:
         if self.labeled:
             ctx.metric(self.metric_name, x[0], x[1])
         else:
             ctx.metric(self.metric_name, x)
         return None
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         if self.labeled:
             em.metric(self.metric_name, f"{x}[0]", f"{x}[1]")
         else:

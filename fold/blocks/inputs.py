@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from fold.blocks.base import Block, Repeat, run_leaf, unify
+from fold.blocks.host import HostContext
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -27,6 +28,9 @@ from fold.blocks.types import (
     fold_type,
     is_tensor_tree,
 )
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = [
     "Tensor",
@@ -158,10 +162,10 @@ class Tensor(Block):
             kind = "Vector"
         return f"{kind}({self._name!r})" if self._name else kind
 
-    def _host_leaf(self, x: Any, ctx: Any) -> int:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
         return ctx.const(self._ttype, self._convert(x))
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         return em.const(self._ttype, f"{em.bind(self._convert, 'convert')}({x})")
 
 
@@ -197,7 +201,7 @@ class FromTensor(Block):
     def tensor(self) -> np.ndarray:
         return self._value
 
-    def _host_leaf(self, x: Any, ctx: Any) -> int:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
         return ctx.const_shared(self, self._ttype, self._value)
 
 
@@ -212,7 +216,7 @@ class InputTransform(Block):
         self.py_fn = py_fn
         super().__init__(name, PyObjectType(), PyObjectType())
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return self.py_fn(x)
 
 
@@ -230,7 +234,7 @@ class OneHot(Block):
         self._ttype = TensorType((self.stop - self.start,), dtype)
         super().__init__(name, PyObjectType(), self._ttype)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> int:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
             raise TypeError(f"OneHot expects an int in [{self.start}, {self.stop}), got {x!r}")
         if not self.start <= x < self.stop:
@@ -263,7 +267,7 @@ class OneHotFromList(Block):
         self._ttype = TensorType((len(self.elements),), dtype)
         super().__init__(name, PyObjectType(), self._ttype)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> int:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
         arr = np.zeros(self._ttype.shape, self._ttype.dtype)
         i = self._index.get(x)
         if i is None:
@@ -282,7 +286,7 @@ class Identity(Block):
     def _infer(self) -> None:
         unify(self, "input", self, "output")
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return x
 
 
@@ -294,11 +298,11 @@ class Void(Block):
     def __init__(self, name: str | None = None):
         super().__init__(name, None, VoidType())
 
-    def _host_leaf(self, x: Any, ctx: Any) -> None:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> None:
         return None
 
 
-def zeros_value(t: Type, ctx: Any) -> Any:
+def zeros_value(t: Type, ctx: HostContext) -> Any:
     """The host value of zeros of type ``t`` (empty sequence for sequences)."""
     if isinstance(t, TensorType):
         return ctx.zeros(t)
@@ -332,7 +336,7 @@ class Zeros(Block):
         # Values made of tensor ids and tuples are immutable: share one per batch.
         self._shareable = is_tensor_tree(t)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         if not self._shareable:
             return zeros_value(self._zeros_type, ctx)
         cached = ctx.block_cache.get(self)
@@ -368,13 +372,13 @@ class Optional(Block):
         for case in self.children():
             unify(self, "output", case, "output")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         if x is None:
             return (yield self.none_case, None, "Optional[None]")
         some = self.some_case
         return run_leaf(some, x, ctx) if some._leaf else (yield some, x, None)
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         out = em.var()
         em.branches([(f"{x} is None", lambda: em.line(f"{out} = {em.emit(self.none_case, 'None')}")),
                      (None, lambda: em.line(f"{out} = {em.emit(self.some_case, x)}"))])

@@ -6,9 +6,10 @@ They route values between blocks and cost nothing on the device.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fold.blocks.base import Block, is_block_like, run_leaf, set_child, unify
+from fold.blocks.host import HostContext
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -18,6 +19,9 @@ from fold.blocks.types import (
     VoidType,
     convert_to_type,
 )
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
 
@@ -49,7 +53,7 @@ class Pipe(Block):
     def children(self) -> list[Block]:
         return list(self._blocks)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         for b in ctx.steps(self):
             x = run_leaf(b, x, ctx)
         return x
@@ -61,12 +65,12 @@ class Pipe(Block):
             unify(a, "output", b, "input")
         unify(blocks[-1], "output", self, "output")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         for b in ctx.steps(self):
             x = run_leaf(b, x, ctx) if b._leaf else (yield b, x, None)
         return x
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         for b in em.steps(self):
             x = em.emit(b, x)
         return x
@@ -145,7 +149,7 @@ class Record(Block):
             for (k, b), o in zip(fields, self.output_type):
                 set_child(self, o, b, "output", f"field {k!r}")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         out = []
         for (k, b), label in zip(self._fields, self._labels):
             try:
@@ -159,7 +163,7 @@ class Record(Block):
             out.append(run_leaf(b, v, ctx, label) if b._leaf else (yield b, v, label))
         return tuple(out)
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         return em.tuple([em.emit(b, em.assign(f"{x}[{em.literal(k)}]")) for k, b in self._fields])
 
 
@@ -185,7 +189,7 @@ class AllOf(Block):
         if all(o is not None for o in outs):
             set_child(self, TupleType(*outs), self, "output", "output")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         if not self._blocks:
             return None
         out = []
@@ -193,7 +197,7 @@ class AllOf(Block):
             out.append(run_leaf(b, x, ctx, ("AllOf[{}]", i)) if b._leaf else (yield b, x, ("AllOf[{}]", i)))
         return tuple(out)
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         if not self._blocks:
             return em.assign("None")
         return em.tuple([em.emit(b, x) for b in self._blocks])
@@ -237,7 +241,7 @@ class GetItem(Block):
             if out is not None:
                 unify_type(self, out)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         try:
             return x[self.key]
         except (KeyError, IndexError):
@@ -245,7 +249,7 @@ class GetItem(Block):
         except TypeError as e:
             raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}") from None
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         return em.item(x, self.key)
 
 
@@ -283,7 +287,7 @@ class Slice(Block):
         if t is not None:
             unify_type(self, t[self.key] if isinstance(t, TupleType) else t)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         try:
             return x[self.key]
         except TypeError as e:

@@ -6,11 +6,12 @@ PyObject that is iterable (each element a PyObject).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 
 from fold.blocks.base import Block, Repeat, run_leaf, set_child, unify
+from fold.blocks.host import HostContext
 from fold.blocks.inputs import Zeros, to_array
 from fold.blocks.layers import Layer
 from fold.blocks.plumbing import AllOf, Pipe
@@ -27,6 +28,9 @@ from fold.blocks.types import (
     tensor_types,
 )
 from fold.errors import type_error
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Broadcast", "Zip",
            "ZipWith", "NGrams", "Nth", "Length"]
@@ -105,7 +109,7 @@ class Map(Block):
         elif isinstance(self.output_type, SequenceType):
             set_child(self, self.output_type.element_type, elem, "output", "elements")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         if isinstance(x, Repeat):
             return Repeat((yield self.element_block, x.value, "Map[*]"))
         out = []
@@ -118,7 +122,7 @@ class Map(Block):
             out.append((yield elem, v, ("Map[{}]", i)))
         return out
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         out = em.var("seq")
         em.over_list(self, x, out, lambda: "[]", lambda e: f"{out}.append({em.emit(self.element_block, e)})")
         return out
@@ -155,14 +159,14 @@ class Fold(Block):
             set_child(self, TupleType(acc, _element_type(self, self.input_type)), self.combine_block,
                        "input", "(accumulator, element)")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         xs = _as_list(self, x)
         acc = yield self.start_block, None, "Fold[start]"
         for i, v in enumerate(xs):
             acc = yield self.combine_block, (acc, v), f"Fold[{i}]"
         return acc
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         acc = em.var("acc")
         em.over_list(self, x, acc, lambda: em.emit(self.start_block, "None"),
                      lambda e: f"{acc} = {em.emit(self.combine_block, f'({acc}, {e})')}")
@@ -245,7 +249,7 @@ class RNN(Block):
                 raise type_error(self.cell, out[1], self, state, "returns state of type", "state type")
             set_child(self, TupleType(SequenceType(out[0]), out[1]), self, "output", "output")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         if self.from_input:
             if not isinstance(x, tuple) or len(x) != 2:
                 raise TypeError(f"{self!r} expected (sequence, state), got {x!r}")
@@ -301,7 +305,7 @@ class Reduce(Block):
         right = yield from self._reduce(xs[half:])
         return (yield self.combine_block, (left, right), "Reduce")
 
-    def _host(self, x: Any, ctx: Any):
+    def _host(self, x: Any, ctx: HostContext):
         xs = _as_list(self, x)
         if not xs:
             return (yield self.default_block, None, "Reduce[default]")
@@ -352,7 +356,7 @@ class Broadcast(Block):
         elif isinstance(self.output_type, BroadcastSequenceType):
             self.set_input_type(self.output_type.element_type)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Repeat:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Repeat:
         return Repeat(x)
 
 
@@ -379,7 +383,7 @@ class Zip(Block):
         elif isinstance(t, PyObjectType):
             set_child(self, t, self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: Any) -> list | Repeat:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> list | Repeat:
         if not isinstance(x, (tuple, list)):
             raise TypeError(f"{self!r} expected a tuple of sequences, got {type(x).__name__}")
         seqs = [s if isinstance(s, Repeat) else _as_list(self, s) for s in x]
@@ -415,7 +419,7 @@ class NGrams(Block):
             kind = BroadcastSequenceType if isinstance(self.input_type, BroadcastSequenceType) else SequenceType
             set_child(self, kind(TupleType(*[elem] * self.n)), self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         if isinstance(x, Repeat):
             return Repeat(tuple([x.value] * self.n))
         xs = _as_list(self, x)
@@ -438,7 +442,7 @@ class Nth(Block):
         if isinstance(self.input_type, TupleType):
             set_child(self, _element_type(self, self.input_type[0]), self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         seq, n = x
         xs = _as_list(self, seq)
         if isinstance(n, bool) or not isinstance(n, int):
@@ -462,7 +466,7 @@ class Length(Block):
             return
         _finite(self, t)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> int:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
         n = len(x) if isinstance(x, (list, tuple)) else len(_as_list(self, x))
         return ctx.const(self._ttype, to_array(n, self._ttype))
 

@@ -7,16 +7,20 @@ its calls at the same depth of a batch's schedule run as one batched call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from fold.blocks.adapters import holds_arrays
 from fold.blocks.base import Block
+from fold.blocks.host import HostContext
 from fold.blocks.layers import Layer
 from fold.blocks.types import TensorType, TupleType, Type, VoidType
 from fold.errors import ExplainedTypeError
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = ["Function", "Concat", "OpSpec", "flatten_value", "unflatten_value"]
 
@@ -210,10 +214,10 @@ class Function(Block):
             return jax.tree_util.tree_leaves(fn(*call_args(in_type, list(flat))))
         return OpSpec((fn, in_type), repr(self), in_type, out_type, run_fn)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return ctx.call(self, x)
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         return em.call(self, x)
 
 
@@ -278,9 +282,9 @@ class Concat(Block):
             return [jnp.concatenate([x[:, None] if s else x for x, s in zip(flat, scalars)], axis=axis)]
         return OpSpec(("concat", axis, in_type), repr(self), in_type, out_type, run)
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return ctx.call(self, x)
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         return em.call(self, x)
 

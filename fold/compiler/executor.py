@@ -32,6 +32,7 @@ See ``docs/design.md``. In short:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
@@ -43,7 +44,7 @@ from fold.scheduler.batch import BatchArrays, BatchLayout
 from fold.scheduler.schedule import item_sizes, piece_rows
 
 if TYPE_CHECKING:
-    from fold.compiler.program import Program
+    from fold.compiler.program import CompiledOp, Program
 
 __all__ = ["Executor"]
 
@@ -74,10 +75,10 @@ class Executor:
         self.float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
 
     # ------------------------------------------------------------- helpers
-    def _params_for(self, op: Any, params: Any) -> Any:
+    def _params_for(self, op: CompiledOp, params: Any) -> Any:
         return None if op.layer is None else params[op.layer.name]
 
-    def _gather_inputs(self, op: Any, arenas: dict, in_idx: jax.Array, first: jax.Array,
+    def _gather_inputs(self, op: CompiledOp, arenas: dict, in_idx: jax.Array, first: jax.Array,
                        count: jax.Array, size: int) -> tuple[list, jax.Array, jax.Array]:
         """The item's input rows: padded rows repeat the first real row."""
         n_in = len(op.in_tidx)
@@ -94,11 +95,11 @@ class Executor:
                 k[t] = max(k.get(t, 0), j + 1)
         return k
 
-    def _call(self, op: Any, params: Any, rng: Any, xs: list) -> list:
+    def _call(self, op: CompiledOp, params: Any, rng: Any, xs: list) -> list:
         """Runs ``op``, checking its results against its declared types."""
         return _check(op, op.spec.fn(self._params_for(op, params), rng, *xs))
 
-    def _vjp(self, op: Any, p: Any, rng: Any, xs: list, float_types: Any, save: bool) -> tuple:
+    def _vjp(self, op: CompiledOp, p: Any, rng: Any, xs: list, float_types: Any, save: bool) -> tuple:
         """``op``'s outputs, its ``vjp`` in ``(p, *float inputs)`` (other inputs held fixed) and
         the positions of those float inputs. ``save`` keeps only the matmul outputs in the ``vjp``."""
         diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
@@ -114,7 +115,7 @@ class Executor:
         ys, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
         return ys, vjp, diff
 
-    def _saved_leaves(self, op: Any, p: Any, rng: Any, float_types: Any, sizes: tuple) -> tuple:
+    def _saved_leaves(self, op: CompiledOp, p: Any, rng: Any, float_types: Any, sizes: tuple) -> tuple:
         """The leaves of ``op``'s ``vjp`` that the forward loop saves, as ``(leaf index, row
         shape, dtype)``: those with one row per item row at every item size (so they can live in
         an arena-like buffer), except the input rows themselves (the backward gathers those
@@ -200,7 +201,7 @@ class Executor:
             out.append((op, piece_rows(size, chunk), aux))
         return out
 
-    def _group_forward(self, op: Any, piece: int, p: Any, arenas: dict, aux: dict) -> dict:
+    def _group_forward(self, op: CompiledOp, piece: int, p: Any, arenas: dict, aux: dict) -> dict:
         """``arenas`` after running a whole group, ``piece`` rows per iteration of a loop whose
         carry holds only the arenas the group writes. Piece ``k`` draws with
         ``fold_in(aux["rng"], k)``."""
@@ -213,7 +214,8 @@ class Executor:
         written = {t: arenas[t] for t in set(op.out_tidx)}
         return {**arenas, **lax.fori_loop(0, _pieces(aux, piece), body, written)}
 
-    def _group_backward(self, op: Any, piece: int, p: Any, arenas: dict, ct: dict, aux: dict) -> tuple[dict, Any]:
+    def _group_backward(self, op: CompiledOp, piece: int, p: Any, arenas: dict, ct: dict,
+                        aux: dict) -> tuple[dict, Any]:
         """The group's backward pass, ``piece`` rows at a time: recompute the piece's forward
         (same keys) for its ``vjp`` from the final ``arenas``, read its output cotangents from the
         cotangent arenas ``ct`` and scatter-add its input cotangents into them in place. Returns
@@ -236,7 +238,7 @@ class Executor:
 
         return lax.fori_loop(0, _pieces(aux, piece), body, (ct, jax.tree_util.tree_map(jnp.zeros_like, p)))
 
-    def _plans(self, layout: Any, lparams: Any, key: Any, float_types: Any) -> dict:
+    def _plans(self, layout: BatchLayout, lparams: Any, key: Any, float_types: Any) -> dict:
         """Per loop operation (by position in ``layout.loop_ops``), the ``vjp`` leaves its
         forward items save (see ``_saved_leaves``); empty unless the batch saves (its layout has
         ``saved_rows``)."""
@@ -268,31 +270,35 @@ class Executor:
             starts.append(jnp.where(first >= 0, first + arrays.items_saved[i], rows))
         return starts
 
-    def _forward_branches(self, layout: Any, k_out: dict, plans: dict, buffers: _SavedBuffers,
+    def _branch_table(self, layout: BatchLayout, make: Callable[[int, CompiledOp, int], Callable]) -> list:
+        """The loop's ``lax.switch`` table: ``make(q, op, size)`` for each loop operation ``q`` and
+        item size, in the order ``BatchArrays.items_branch`` numbers them (``item_sizes``)."""
+        return [make(q, self.ops[o], size) for q, o in enumerate(layout.loop_ops) for size in item_sizes(layout.chunk)]
+
+    def _forward_branches(self, layout: BatchLayout, k_out: dict, plans: dict, buffers: _SavedBuffers,
                           float_types: Any) -> list:
         C = layout.chunk
-        branches = []
-        for q, o in enumerate(layout.loop_ops):
-            op = self.ops[o]
-            for size in item_sizes(layout.chunk):
-                def branch(lparams, rng, arenas, in_idx, first, count, op=op, q=q, size=size):
-                    xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
-                    saved = [jnp.zeros((C, *shape), dtype) for shape, dtype in buffers.rows_of]
-                    if q in plans:
-                        ys, vjp, _ = self._vjp(op, self._params_for(op, lparams), rng, xs, float_types, True)
-                        ys = _check(op, ys)
-                        leaves = jax.tree_util.tree_leaves(vjp)
-                        for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
-                            saved[b] = saved[b].at[:size].set(leaves[j])
-                    else:
-                        ys = self._call(op, lparams, rng, xs)
-                    out = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
-                           for t, k in k_out.items()}
-                    for y, (t, k) in zip(ys, op.out_slots):
-                        out[t] = out[t].at[k, :size].set(y)
-                    return out, saved
-                branches.append(branch)
-        return branches
+
+        def make(q: int, op: CompiledOp, size: int) -> Callable:
+            def branch(lparams, rng, arenas, in_idx, first, count):
+                xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
+                saved = [jnp.zeros((C, *shape), dtype) for shape, dtype in buffers.rows_of]
+                if q in plans:
+                    ys, vjp, _ = self._vjp(op, self._params_for(op, lparams), rng, xs, float_types, True)
+                    ys = _check(op, ys)
+                    leaves = jax.tree_util.tree_leaves(vjp)
+                    for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
+                        saved[b] = saved[b].at[:size].set(leaves[j])
+                else:
+                    ys = self._call(op, lparams, rng, xs)
+                out = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
+                       for t, k in k_out.items()}
+                for y, (t, k) in zip(ys, op.out_slots):
+                    out[t] = out[t].at[k, :size].set(y)
+                return out, saved
+            return branch
+
+        return self._branch_table(layout, make)
 
     def _forward_loop(self, lparams: Any, arenas: dict, arrays: BatchArrays, layout: BatchLayout, key: Any,
                       plans: dict) -> tuple[dict, list]:
@@ -322,50 +328,49 @@ class Executor:
         return arenas, saved
 
     # ------------------------------------------------------------ backward
-    def _backward_branches(self, layout: Any, k_in: dict, float_types: list, plans: dict,
+    def _backward_branches(self, layout: BatchLayout, k_in: dict, float_types: list, plans: dict,
                            buffers: _SavedBuffers) -> list:
         C = layout.chunk
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
-        branches = []
-        for q, o in enumerate(layout.loop_ops):
-            op = self.ops[o]
-            for size in item_sizes(layout.chunk):
-                def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, saved, op=op, q=q, size=size):
-                    xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
 
-                    p = self._params_for(op, lparams)
-                    _, vjp, diff = self._vjp(op, p, rng, xs, float_types, q in plans)
-                    if q in plans:
-                        # The saved leaves replace their recomputation, which XLA then drops.
-                        # Padded rows take the first row's, as in the forward loop (the buffer
-                        # holds those or a later item's rows there).
-                        leaves, tree = jax.tree_util.tree_flatten(vjp)
-                        for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
-                            rows = saved[b][:size]
-                            leaves[j] = _masked(valid, rows, rows[:1])
-                        vjp = jax.tree_util.tree_unflatten(tree, leaves)
-                    cts = []
-                    for t, k in op.out_slots:
-                        if t in float_types:
-                            ct = ct_chunks[t][k, :size]
-                            cts.append(_masked(valid, ct))
-                        else:
-                            cts.append(np.zeros((size, *self.types[t].shape), jax.dtypes.float0))
-                    p_ct, *x_cts = vjp(cts)
-                    in_cts = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
-                              for t, k in k_in.items()}
-                    in_rows = {t: jnp.full((k, C), dump[t], jnp.int32) for t, k in k_in.items()}
-                    for i, x_ct in zip(diff, x_cts):
-                        t, k = op.in_slots[i]
-                        in_cts[t] = in_cts[t].at[k, :size].set(_masked(valid, x_ct))
-                        in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], dump[t]))
-                    p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, v) for name, v in lparams.items()}
-                    if op.layer is not None:
-                        p_full[op.layer.name] = p_ct
-                    return ({t: v.reshape((-1, *v.shape[2:])) for t, v in in_cts.items()},
-                            {t: v.reshape(-1) for t, v in in_rows.items()}, p_full)
-                branches.append(branch)
-        return branches
+        def make(q: int, op: CompiledOp, size: int) -> Callable:
+            def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, saved):
+                xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
+
+                p = self._params_for(op, lparams)
+                _, vjp, diff = self._vjp(op, p, rng, xs, float_types, q in plans)
+                if q in plans:
+                    # The saved leaves replace their recomputation, which XLA then drops.
+                    # Padded rows take the first row's, as in the forward loop (the buffer
+                    # holds those or a later item's rows there).
+                    leaves, tree = jax.tree_util.tree_flatten(vjp)
+                    for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
+                        rows = saved[b][:size]
+                        leaves[j] = _masked(valid, rows, rows[:1])
+                    vjp = jax.tree_util.tree_unflatten(tree, leaves)
+                cts = []
+                for t, k in op.out_slots:
+                    if t in float_types:
+                        ct = ct_chunks[t][k, :size]
+                        cts.append(_masked(valid, ct))
+                    else:
+                        cts.append(np.zeros((size, *self.types[t].shape), jax.dtypes.float0))
+                p_ct, *x_cts = vjp(cts)
+                in_cts = {t: jnp.zeros((k, C, *self.types[t].shape), self.types[t].dtype)
+                          for t, k in k_in.items()}
+                in_rows = {t: jnp.full((k, C), dump[t], jnp.int32) for t, k in k_in.items()}
+                for i, x_ct in zip(diff, x_cts):
+                    t, k = op.in_slots[i]
+                    in_cts[t] = in_cts[t].at[k, :size].set(_masked(valid, x_ct))
+                    in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], dump[t]))
+                p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, v) for name, v in lparams.items()}
+                if op.layer is not None:
+                    p_full[op.layer.name] = p_ct
+                return ({t: v.reshape((-1, *v.shape[2:])) for t, v in in_cts.items()},
+                        {t: v.reshape(-1) for t, v in in_rows.items()}, p_full)
+            return branch
+
+        return self._branch_table(layout, make)
 
     def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: BatchArrays, layout: BatchLayout, key: Any,
                        plans: dict, saved: list) -> tuple:
@@ -403,7 +408,7 @@ class Executor:
         _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (arrays.n_items - 1, ct, p0))
         return p_acc, ct
 
-    def _make_run(self, layout: Any):
+    def _make_run(self, layout: BatchLayout):
         """``run(params, arenas, arrays, key) -> arenas``: hoisted groups, the loop and tail groups,
         differentiated as one ``custom_vjp`` whose residual is the final arenas. Rows are written
         once and read only after, so every backward stage reads its inputs there: no stage keeps
@@ -543,7 +548,7 @@ def _piece(aux: dict, piece: int, k: Any) -> tuple:
     return at(aux["idx"]), at(aux["valid"]), [at(d) for d in aux["dest"]], rng
 
 
-def _gather_rows(op: Any, arenas: dict, idx: jax.Array) -> list:
+def _gather_rows(op: CompiledOp, arenas: dict, idx: jax.Array) -> list:
     """``op``'s input rows ``idx`` (one column per input) from ``arenas``."""
     return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
 
@@ -554,7 +559,7 @@ def _masked(valid: jax.Array, x: jax.Array, fill: Any = None) -> jax.Array:
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, fill)
 
 
-def _write_rows(arenas: dict, op: Any, ys: list, valid: jax.Array, dest: list) -> dict:
+def _write_rows(arenas: dict, op: CompiledOp, ys: list, valid: jax.Array, dest: list) -> dict:
     """``arenas`` with ``op``'s outputs ``ys`` written to rows ``dest`` (one array per output;
     out-of-bounds rows are dropped), zeros on rows that are not ``valid``."""
     arenas = dict(arenas)
@@ -568,7 +573,7 @@ def _write_at(buffer: jax.Array, chunk: jax.Array, start: Any) -> jax.Array:
     return lax.dynamic_update_slice(buffer, chunk, (start, *(_I0,) * (buffer.ndim - 1)))
 
 
-def _check(op: Any, ys: list) -> list:
+def _check(op: CompiledOp, ys: list) -> list:
     """``op``'s results ``ys``, checked against its declared types."""
     for y, t in zip(ys, op.spec.out_types):
         if y.shape[1:] != t.shape or y.dtype != t.dtype:

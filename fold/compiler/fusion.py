@@ -16,11 +16,15 @@ what it returns. Depths count a fused operation once, so ``Compiler.for_eval`` (
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fold.blocks.base import Block
+from fold.blocks.host import HostContext
 from fold.blocks.plumbing import Pipe
 from fold.blocks.tensors import Concat, Function, OpSpec
+
+if TYPE_CHECKING:
+    from fold.scheduler.plan import Emitter
 
 __all__ = ["Fused", "fuse_pipes"]
 
@@ -40,10 +44,10 @@ class Fused:
         # Errors of a call are about its inputs, which the first member reads.
         return self.blocks[0]._path_name()
 
-    def _host_leaf(self, x: Any, ctx: Any) -> Any:
+    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return ctx.call(self, x)
 
-    def _emit(self, em: Any, x: str) -> str:
+    def _emit(self, em: Emitter, x: str) -> str:
         return em.call(self, x)
 
     def op_spec(self) -> OpSpec:

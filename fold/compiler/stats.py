@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from fold.scheduler.batch import Batch, BatchLayout
 from fold.scheduler.layouts import computed_rows
 
 __all__ = ["CompilerStats", "StatsRecorder"]
@@ -75,15 +76,15 @@ class StatsRecorder:
         self._compile_seconds = 0.0
         self._occupancy: list[float] = []
 
-    def built(self, batch: Any) -> None:
-        computed = computed_rows(batch)
+    def built(self, batch: Batch) -> None:
+        computed, stats = computed_rows(batch), batch.built_stats()
         with self._lock:
             self._layouts[batch.layout] += 1
-            self._nodes += batch.stats.num_nodes
+            self._nodes += stats.num_nodes
             self._computed += computed
-            self._occupancy.append(batch.stats.rows / batch.layout.size_class)
+            self._occupancy.append(stats.rows / batch.layout.size_class)
 
-    def traced(self, layout: Any) -> None:
+    def traced(self, layout: BatchLayout) -> None:
         """``apply`` is being traced for a batch of ``layout``: count it, and the compile seconds
         JAX reports next."""
         with self._lock:

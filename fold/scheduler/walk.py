@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fold.blocks.base import Block
+from fold.blocks.host import HostContext
 from fold.errors import LeafError
 
 __all__ = ["walk", "InputError"]
@@ -68,7 +69,7 @@ def _reraise(e: BaseException, stack: list, block: Block, where: str) -> None:
     raise new from e
 
 
-def walk(root: Block, x: Any, ctx: Any) -> Any:
+def walk(root: Block, x: Any, ctx: HostContext) -> Any:
     """Evaluates ``root`` on host value ``x``, recording tensor work in ``ctx``."""
     stack: list = []  # frames: [generator, block, label of the child being run]
     pending: tuple | None = (root, x)
