@@ -34,9 +34,9 @@ import optax
 
 import fold as fd
 from benchmarks import models, random_models
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results
+from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
 from examples import sst
-from examples.common import make_train_step, print_table
+from examples.common import print_table
 from fold.compiler.compiler import CHUNK_SIZES
 from fold.scheduler.layouts import computed_rows
 

@@ -36,9 +36,9 @@ import optax
 
 import fold as fd
 from benchmarks import models, table1
-from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
 from examples import sst, weave
-from examples.common import make_train_step, print_table
+from examples.common import print_table
 
 WORKLOADS = ("sst", "table1", "weave")
 

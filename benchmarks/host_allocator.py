@@ -41,9 +41,9 @@ import optax
 
 import fold as fd
 from benchmarks import memory, models
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results
+from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
 from examples import sst
-from examples.common import make_train_step, print_table
+from examples.common import print_table
 from fold.compiler.saving import BACKWARDS
 
 KEEP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}

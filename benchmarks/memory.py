@@ -34,9 +34,9 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, save_results
+from benchmarks.common import add_run_flags, figure, make_train_step, save_results
 from examples import sst
-from examples.common import make_train_step, print_table
+from examples.common import print_table
 from fold.compiler.saving import BACKWARDS
 
 GOAL = 1.5

@@ -30,9 +30,9 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results, timed
+from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results, timed
 from examples import sst
-from examples.common import make_train_step, print_table
+from examples.common import print_table
 
 FOLD_CPP_NODES_PER_S = 1e4
 GOAL_NODES_PER_S = 3e5

@@ -37,9 +37,9 @@ import optax
 
 import fold as fd
 from benchmarks import models, sst_peers
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results, timed
+from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results, timed
 from examples import sst
-from examples.common import make_train_step, print_table
+from examples.common import print_table
 from fold.compiler.saving import BACKWARDS
 
 LEARNING_RATE = 0.05

@@ -24,19 +24,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 import fold as fd
-from examples.common import (
-    add_training_flags,
-    per_example_metrics,
-    print_table,
-    train,
-    write_report,
-)
+from examples import common
+from examples.common import add_training_flags, print_table, write_report
 
 TOLERANCE = 0.04
 
@@ -108,19 +102,17 @@ def run(t0: int, args: argparse.Namespace) -> dict[str, Any]:
     train_data = make_data(rng, args.train_size, t0)
     test_data = make_data(rng, args.test_size, t0)
     compiler = fd.Compiler.create(build_model(args.hidden, args.score_scale))
-    params = compiler.init(jax.random.key(args.seed))
-
-    def test_metrics(p: Any) -> dict[str, float]:
-        m = per_example_metrics(compiler, p, test_data)
-        return {"test_mse": float(m["loss"].mean()), "test_accuracy": float(m["correct"].mean())}
-
     # Cosine decay: the 0.04 tolerance needs the last epochs' small steps.
     steps = args.epochs * max(len(train_data) // args.batch_size, 1)
-    optimizer = optax.adam(optax.cosine_decay_schedule(args.learning_rate, steps))
-    params, history = train(compiler, params, train_data, epochs=args.epochs, batch_size=args.batch_size,
-                            optimizer=optimizer, seed=args.seed, quiet=args.quiet, num_workers=args.workers,
-                            on_epoch=lambda _, p: test_metrics(p))
-    return {"t0": t0, "history": history, **test_metrics(params)}
+    trainer = common.trainer(compiler, optax.adam(optax.cosine_decay_schedule(args.learning_rate, steps)), args)
+    test_recorded = compiler.record(test_data)
+
+    def test_metrics(p: Any) -> dict[str, float]:
+        m = trainer.evaluate(p, test_recorded)
+        return {"test_mse": m["loss"], "test_accuracy": m["correct"]}
+
+    fitted = common.fit(trainer, train_data, args, f"attention_t0_{t0}", scores=test_metrics, monitor="test_mse")
+    return {"t0": t0, "history": fitted.history, **test_metrics(fitted.params)}
 
 
 def main(argv: list[str] | None = None) -> dict:

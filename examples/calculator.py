@@ -16,19 +16,13 @@ import argparse
 import random
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 import fold as fd
-from examples.common import (
-    add_training_flags,
-    per_example_metrics,
-    print_table,
-    train,
-    write_report,
-)
+from examples import common
+from examples.common import add_training_flags, print_table, write_report
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 LIMIT = 100
@@ -114,15 +108,15 @@ def main(argv: list[str] | None = None) -> dict:
     test_data = make_data(rng, args.test_size, args.max_depth)
 
     compiler = fd.Compiler.create(build_model(args.hidden))
-    params = compiler.init(jax.random.key(args.seed))
-    optimizer = optax.adam(args.learning_rate)
+    trainer = common.trainer(compiler, optax.adam(args.learning_rate), args)
+    test_recorded = compiler.record(test_data)
 
     def test_errors(p: Any) -> np.ndarray:
-        return per_example_metrics(compiler, p, test_data)["abs_error"]
+        return trainer.evaluate(p, test_recorded, per_example=True)["abs_error"]
 
-    params, history = train(compiler, params, train_data, epochs=args.epochs, batch_size=args.batch_size,
-                            optimizer=optimizer, seed=args.seed, quiet=args.quiet, num_workers=args.workers,
-                            on_epoch=lambda _, p: {"test_abs_error": float(test_errors(p).mean())})
+    fitted = common.fit(trainer, train_data, args, "calculator",
+                        scores=lambda p: {"test_abs_error": float(test_errors(p).mean())})
+    params, history = fitted.params, fitted.history
 
     errors = test_errors(params)
     depths = np.array([depth(e) for e, _ in test_data])

@@ -17,20 +17,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 import fold as fd
-from examples import sst
-from examples.common import (
-    add_training_flags,
-    outputs,
-    print_table,
-    train_keep_best,
-    write_report,
-)
+from examples import common, sst
+from examples.common import add_training_flags, print_table, write_report
 
 CLASSES = 5
 
@@ -71,9 +64,9 @@ def examples_of(trees: list[Any]) -> list[tuple[str, int]]:
     return [(" ".join(sst.words(t)), t[0]) for t in trees]
 
 
-def accuracies(compiler: fd.Compiler, params: Any, data: list[tuple[str, int]]) -> dict:
+def accuracies(trainer: fd.Trainer, params: Any, data: list[tuple[str, int]]) -> dict:
     """Fine-grained accuracy and binary accuracy over non-neutral sentences."""
-    return sst.sentiment_accuracies(outputs(compiler, params, data), np.array([y for _, y in data]))
+    return sst.sentiment_accuracies(trainer.predict(params, data), np.array([y for _, y in data]))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,12 +93,11 @@ def main(argv: list[str] | None = None) -> dict:
     train_data = examples_of(train_trees)
 
     compiler = fd.Compiler.create(build_model(word_idx, args))
-    params = compiler.init(jax.random.key(args.seed))
-    best, history = train_keep_best(compiler, params, train_data, lambda p: accuracies(compiler, p, dev), "fine",
-                                    epochs=args.epochs, batch_size=args.batch_size,
-                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet,
-                                    num_workers=args.workers)
-    results = {split: accuracies(compiler, best["params"], data) for split, data in (("dev", dev), ("test", test))}
+    trainer = common.trainer(compiler, optax.adam(args.learning_rate), args)
+    fitted = common.fit(trainer, train_data, args, "sentiment_pipeline", monitor="dev_fine",
+                        scores=lambda p: {f"dev_{k}": v for k, v in accuracies(trainer, p, dev).items()})
+    best, history = fitted.best, fitted.history
+    results = {split: accuracies(trainer, fitted.best_params, data) for split, data in (("dev", dev), ("test", test))}
     print_table(f"SST sentence sentiment (root labels; best dev epoch {best['epoch']})",
                 ["split", "fine-grained", "binary"],
                 [[split, r["fine"], r["binary"]] for split, r in results.items()])

@@ -26,21 +26,13 @@ import argparse
 import pathlib
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 import fold as fd
-from examples import sst
-from examples.common import (
-    add_training_flags,
-    outputs,
-    per_example_metrics,
-    print_table,
-    train_keep_best,
-    write_report,
-)
+from examples import common, sst
+from examples.common import add_training_flags, print_table, write_report
 
 CLASSES = 5
 
@@ -107,10 +99,13 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
     return root
 
 
-def evaluate(compiler: fd.Compiler, params: Any, trees: list[Any], batch_size: int = 256) -> dict[str, float]:
-    """Root and all-node fine-grained accuracy; binary accuracy over non-neutral roots."""
-    root = sst.sentiment_accuracies(outputs(compiler, params, trees, batch_size), np.array([t[0] for t in trees]))
-    node = per_example_metrics(compiler, params, trees, batch_size)["node_correct"]
+def evaluate(trainer: fd.Trainer, params: Any, trees: list[Any],
+             recorded: fd.RecordedExamples | None = None) -> dict[str, float]:
+    """Root and all-node fine-grained accuracy; binary accuracy over non-neutral roots.
+    ``recorded``: ``trees`` recorded by the trainer's compiler (faster than walking them again)."""
+    data = trees if recorded is None else recorded
+    root = sst.sentiment_accuracies(trainer.predict(params, data), np.array([t[0] for t in trees]))
+    node = trainer.evaluate(params, data, per_example=True)["node_correct"]
     sizes = np.array([len(sst.words(t)) * 2 - 1 for t in trees])
     return {"root_fine": root["fine"], "all_nodes_fine": float((node * sizes).sum() / sizes.sum()),
             "root_binary": root["binary"]}
@@ -147,12 +142,13 @@ def main(argv: list[str] | None = None) -> dict:
     table = load_glove(args.glove, word_idx, args.embed_size, args.seed) if args.glove else None
 
     compiler = fd.Compiler.create(build_model(word_idx, args, table))
-    params = compiler.init(jax.random.key(args.seed))
-    best, history = train_keep_best(compiler, params, train_trees, lambda p: evaluate(compiler, p, dev), "root_fine",
-                                    epochs=args.epochs, batch_size=args.batch_size,
-                                    optimizer=optax.adam(args.learning_rate), seed=args.seed, quiet=args.quiet,
-                                    num_workers=args.workers)
-    results = {"dev": evaluate(compiler, best["params"], dev), "test": evaluate(compiler, best["params"], test)}
+    trainer = common.trainer(compiler, optax.adam(args.learning_rate), args)
+    dev_recorded = compiler.record(dev)
+    fitted = common.fit(trainer, train_trees, args, "tree_lstm_sst", monitor="dev_root_fine",
+                        scores=lambda p: {f"dev_{k}": v for k, v in evaluate(trainer, p, dev, dev_recorded).items()})
+    best, history = fitted.best, fitted.history
+    results = {"dev": evaluate(trainer, fitted.best_params, dev, dev_recorded),
+               "test": evaluate(trainer, fitted.best_params, test)}
     print_table(f"SST Tree-LSTM (best dev epoch {best['epoch']})",
                 ["split", "root fine-grained", "all nodes fine-grained", "root binary"],
                 [[s, r["root_fine"], r["all_nodes_fine"], r["root_binary"]] for s, r in results.items()])

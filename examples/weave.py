@@ -31,7 +31,8 @@ import numpy as np
 import optax
 
 import fold as fd
-from examples.common import add_training_flags, outputs, print_table, train, write_report
+from examples import common
+from examples.common import add_training_flags, print_table, write_report
 
 ATOM_TYPES = ("C", "N", "O", "S")
 TYPE_FREQUENCIES = (0.55, 0.2, 0.15, 0.1)
@@ -198,18 +199,17 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for name, model in (("weave", build_weave(args.hidden, args.modules)), ("atoms_only", build_baseline(args.hidden))):
         compiler = fd.Compiler.create(model)
-        params = compiler.init(jax.random.key(args.seed))
         optimizer = optax.adam(optax.cosine_decay_schedule(args.learning_rate, args.epochs * max(
             args.train_size // args.batch_size, 1)))
+        trainer = common.trainer(compiler, optimizer, args)
 
-        def test_r2(p: Any, compiler: fd.Compiler = compiler) -> float:
-            return r_squared(outputs(compiler, p, test_data), test_targets)
+        def test_r2(p: Any, trainer: fd.Trainer = trainer) -> float:
+            return r_squared(trainer.predict(p, test_data), test_targets)
 
         if not args.quiet:
             print(f"training {name}")
-        params, history = train(compiler, params, train_data, epochs=args.epochs, batch_size=args.batch_size,
-                                optimizer=optimizer, seed=args.seed, quiet=args.quiet, num_workers=args.workers,
-                                on_epoch=lambda _, p: {"test_r2": test_r2(p)})
+        history = common.fit(trainer, train_data, args, f"weave_{name}",
+                             scores=lambda p: {"test_r2": test_r2(p)}).history
         results[name] = {"test_r2": history[-1]["test_r2"], "history": history}
     print_table("held-out R^2 of the pairwise target", ["model", "test R^2"],
                 [[name, r["test_r2"]] for name, r in results.items()])

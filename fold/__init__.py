@@ -61,6 +61,7 @@ from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats
 from fold.scheduler.batch import Batch, BatchLayout, BatchStats
 from fold.scheduler.records import RecordedExamples
+from fold.trainer import FitResult, Trainer, TrainState
 from fold.visualize import visualize
 
 __version__ = "0.1.0"
@@ -68,10 +69,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AllOf", "Batch", "BatchLayout", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast",
     "BroadcastSequenceType", "Compiler", "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC",
-    "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity", "InputTransform",
-    "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth",
-    "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
-    "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
-    "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros", "Zip",
-    "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint", "visualize",
+    "FitResult", "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity",
+    "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams",
+    "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
+    "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree", "Slice",
+    "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void", "VoidType",
+    "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint",
+    "visualize",
 ]

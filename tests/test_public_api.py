@@ -10,12 +10,13 @@ import fold
 PUBLIC = [
     "AllOf", "Batch", "BatchLayout", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast",
     "BroadcastSequenceType", "Compiler", "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC",
-    "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity", "InputTransform",
-    "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams", "Nth",
-    "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
-    "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
-    "Slice", "Sum", "Tensor", "TensorType", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros", "Zip",
-    "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint", "visualize",
+    "FitResult", "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity",
+    "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min",
+    "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType",
+    "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
+    "Slice", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void",
+    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint",
+    "save_checkpoint", "visualize",
 ]
 
 

@@ -53,8 +53,8 @@ def test_a_training_step_keeps_no_second_copy_of_tail_inputs():
     import optax
 
     from benchmarks import models
+    from benchmarks.common import make_train_step
     from examples import sst
-    from examples.common import make_train_step
 
     trees = sst.load("train", SAMPLE)
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=150, embed_size=100),

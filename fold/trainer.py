@@ -1,0 +1,489 @@
+"""``Trainer``: train, evaluate and infer with a compiled model (TensorFlow Fold's ``td.Plan``, the JAX way).
+
+A ``Trainer`` holds a ``Compiler``, an optax optimizer and the name of the
+metric to minimise, and runs Fold's three modes:
+
+* **train** (``fit``): the examples are recorded once (``compiler.record``),
+  each epoch's batches are built from them in a seeded order (in worker
+  processes with ``num_workers``), and one jitted step differentiates the
+  loss and applies the optimizer. Every ``eval_every`` steps (or after each
+  epoch) it evaluates on a dev set, keeps the best parameters by a
+  monitored score, stops early after ``patience`` evaluations without
+  improvement, writes checkpoints (the last state, the best parameters and
+  the history) and TensorBoard scalars. A tqdm bar shows the live loss;
+  Ctrl-C stops cleanly, saving the last state.
+* **eval** (``evaluate``): each metric's mean over a dataset, or per example.
+* **infer** (``predict``): the model's outputs for a dataset, in order.
+
+Runs are reproducible: epoch ``e`` visits the examples in
+``numpy.random.default_rng([seed, e]).permutation``, and step ``n`` runs
+stochastic layers with ``fold_in(key(seed), n)``. A run resumed from its
+last checkpoint therefore continues exactly where it stopped, mid-epoch
+included.
+
+>>> import fold as fd, jax, jax.numpy as jnp, optax
+>>> c = fd.Composition()
+>>> with c.scope():
+...     y = (fd.Vector(2) >> fd.FC(1, activation=None) >> fd.Function(lambda v: v[:, 0])).reads(c.input[0])
+...     error = fd.Function(jnp.subtract).reads(y, fd.Scalar().reads(c.input[1]))
+...     _ = fd.Metric("loss").reads(fd.Function(jnp.square).reads(error))
+...     _ = c.output.reads(y)
+>>> data = [([x, 1.0], 3.0 * x - 1.0) for x in jnp.linspace(-1, 1, 64).tolist()]
+>>> trainer = fd.Trainer(fd.Compiler.create(c), optax.adam(0.1), batch_size=16, progress=False)
+>>> run = trainer.fit(data, epochs=30, dev=data)
+>>> run.best["dev_loss"] < 1e-3
+True
+>>> trainer.predict(run.best_params, data[:2]).shape
+(2,)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import pathlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fold.checkpoint import load_checkpoint, save_checkpoint
+from fold.compiler.compiler import Compiler
+from fold.compiler.result import Result
+from fold.scheduler.batch import Batch
+from fold.scheduler.records import RecordedExamples
+
+__all__ = ["Trainer", "TrainState", "FitResult"]
+
+logger = logging.getLogger("fold")
+
+# Files a run keeps in its checkpoint_dir.
+LAST, BEST, HISTORY = "last.npz", "best.npz", "history.json"
+
+
+class TrainState(NamedTuple):
+    """Everything a run needs to continue: saved as ``last.npz`` and restored by ``resume=True``."""
+
+    params: Any
+    opt_state: Any
+    step: Any  # optimizer steps taken
+    epoch: Any  # epochs completed
+    epoch_step: Any  # steps taken in the epoch under way
+    best: Any  # best monitored score so far (+inf or -inf before the first evaluation)
+    stale: Any  # evaluations since it last improved
+
+
+class FitResult(NamedTuple):
+    """What ``Trainer.fit`` returns."""
+
+    params: Any
+    """The parameters after the last step."""
+    best_params: Any
+    """The parameters of the best evaluation (``params`` when there was no evaluation)."""
+    best: dict | None
+    """The best evaluation's record (``step``, ``epoch`` and its scores), or None."""
+    history: list[dict]
+    """One record per evaluation (or per epoch without evaluations): ``step``, ``epoch``, ``train_loss``
+    (mean since the previous record), ``seconds`` (since ``fit`` started), the scores and ``best``."""
+    state: TrainState
+    """The final ``TrainState`` (optimizer state included)."""
+    stopped: str
+    """Why it stopped: ``"epochs"``, ``"early_stopping"`` or ``"interrupted"``."""
+
+
+@dataclasses.dataclass
+class _Run:
+    """A ``fit`` in progress: the state, its history and where it writes."""
+
+    state: TrainState
+    best_params: Any
+    history: list[dict]
+    directory: pathlib.Path | None
+    writer: Any
+    losses: list[float] = dataclasses.field(default_factory=list)  # since the last record
+    pending: tuple[int, jax.Array] | None = None  # the last step and its loss, not yet read
+
+    def save(self) -> None:
+        if self.directory is None:
+            return
+        save_checkpoint(self.directory / LAST, self.state._asdict())
+        (self.directory / HISTORY).write_text(json.dumps(self.history, indent=1) + "\n")
+
+
+class Trainer:
+    """Trains, evaluates and runs a compiled model.
+
+    Args:
+      compiler: the model, from ``Compiler.create``.
+      optimizer: an optax ``GradientTransformation``.
+      loss: the metric whose mean over a batch's entries is minimised, or a
+        function ``Result -> scalar`` (traced inside the step).
+      batch_size: examples per training batch (and per evaluation batch
+        unless ``eval_batch_size`` says otherwise).
+      eval_batch_size: examples per batch in ``evaluate`` and ``predict``.
+      seed: seeds the example order of every epoch and the stochastic
+        layers' keys.
+      num_workers: worker processes building batches ahead
+        (``compiler.batches``); 0 builds them between steps.
+      progress: show tqdm progress bars and per-evaluation lines.
+
+    Raises:
+      TypeError: ``compiler`` is not a ``Compiler`` or ``loss`` is neither
+        a metric name nor callable.
+      ValueError: a size is not positive, or ``loss`` names no metric of
+        the model.
+    """
+
+    def __init__(self, compiler: Compiler, optimizer: optax.GradientTransformation, *,
+                 loss: str | Callable[[Result], jax.Array] = "loss", batch_size: int = 64,
+                 eval_batch_size: int = 256, seed: int = 0, num_workers: int = 0, progress: bool = True):
+        if not isinstance(compiler, Compiler):
+            raise TypeError(f"Trainer takes a Compiler (fd.Compiler.create(model)), got {type(compiler).__name__}")
+        if isinstance(loss, str):
+            if loss not in compiler.program.metric_types:
+                known = ", ".join(sorted(compiler.program.metric_types)) or "none"
+                raise ValueError(f"loss={loss!r} names no metric of the model (its metrics: {known}); "
+                                 "add fd.Metric(name) or pass loss=a function of the Result")
+        elif not callable(loss):
+            raise TypeError(f"loss must be a metric name or a function of the Result, got {loss!r}")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.compiler = compiler
+        self.optimizer = optimizer
+        self.loss = loss
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.seed = seed
+        self.num_workers = num_workers
+        self.progress = progress
+        self._step = jax.jit(self._train_step)
+
+    def __repr__(self) -> str:
+        loss = self.loss if isinstance(self.loss, str) else getattr(self.loss, "__name__", "function")
+        return f"Trainer({self.compiler!r}, loss={loss!r}, batch_size={self.batch_size}, seed={self.seed})"
+
+    # ------------------------------------------------------------------ train
+    def _loss(self, params: Any, batch: Batch, key: jax.Array) -> jax.Array:
+        result = self.compiler.apply(params, batch, key)
+        return result.metrics[self.loss].mean() if isinstance(self.loss, str) else self.loss(result)
+
+    def _train_step(self, params: Any, opt_state: Any, batch: Batch, step: jax.Array) -> tuple:
+        key = jax.random.fold_in(jax.random.key(self.seed), step)
+        loss, grads = jax.value_and_grad(self._loss)(params, batch, key)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def init(self, params: Any = None) -> TrainState:
+        """A fresh ``TrainState``: ``params`` (default ``compiler.init(key(seed))``) and the optimizer's state."""
+        if params is None:
+            params = self.compiler.init(jax.random.key(self.seed))
+        params = self.compiler.prepare_params(params)
+        return TrainState(params, self.optimizer.init(params), 0, 0, 0, math.nan, 0)
+
+    def fit(self, train: Iterable[Any] | RecordedExamples, *, epochs: int, params: Any = None,
+            dev: Iterable[Any] | RecordedExamples | None = None,
+            scores: Callable[[Any], dict[str, float]] | None = None, eval_every: int | None = None,
+            monitor: str | None = None, mode: str | None = None, patience: int | None = None,
+            checkpoint_dir: str | pathlib.Path | None = None, resume: bool = False,
+            log_dir: str | pathlib.Path | None = None, drop_remainder: bool = True) -> FitResult:
+        """Trains for ``epochs`` epochs over ``train``, evaluating, keeping the best and checkpointing.
+
+        An *evaluation* (every ``eval_every`` steps, else after every epoch)
+        records ``dev_<metric>`` for every metric's mean over ``dev`` and the
+        entries of ``scores(params)``, keeps the parameters whose ``monitor``
+        is best, and counts evaluations without improvement for ``patience``.
+
+        Args:
+          train: the training examples, or examples recorded by this
+            trainer's compiler (others are recorded here, once).
+          epochs: passes over ``train`` (a resumed run counts those done).
+          params: initial parameters (default: ``init``'s).
+          dev: examples to evaluate on.
+          scores: more scores per evaluation, ``params -> {name: float}``
+            (accuracies, say), recorded under their own names.
+          eval_every: steps between evaluations (default: each epoch's end).
+          monitor: the score that picks the best parameters (default
+            ``dev_<loss>`` with a dev set and a metric loss, else the
+            first of ``scores``).
+          mode: ``"min"`` or ``"max"`` (default: ``"min"`` for a monitor
+            whose name has ``loss`` or ``error`` in it, else ``"max"``).
+          patience: evaluations without improvement before stopping early
+            (default: never).
+          checkpoint_dir: where ``last.npz`` (the ``TrainState``, after each
+            evaluation and when interrupted), ``best.npz`` (the best
+            parameters) and ``history.json`` go.
+          resume: continue from ``checkpoint_dir``'s last state if it has one.
+          log_dir: write TensorBoard scalars there (needs ``tensorboardX``):
+            ``train/loss`` every step and every score per evaluation.
+          drop_remainder: skip each epoch's last partial batch (its examples
+            are others each epoch), so every step has one shape class.
+
+        Returns:
+          A ``FitResult``.
+
+        Raises:
+          ValueError: bad sizes, ``resume`` without ``checkpoint_dir``, an
+            unknown ``mode``, or a ``monitor`` no evaluation records.
+          ImportError: ``log_dir`` without ``tensorboardX``.
+        """
+        if epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {epochs}")
+        if eval_every is not None and eval_every <= 0:
+            raise ValueError(f"eval_every must be positive, got {eval_every}")
+        if patience is not None and patience <= 0:
+            raise ValueError(f"patience must be positive, got {patience}")
+        if resume and checkpoint_dir is None:
+            raise ValueError("resume=True needs the checkpoint_dir to resume from")
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        evaluates = dev is not None or scores is not None
+        if patience is not None and not evaluates:
+            raise ValueError("patience needs evaluations: pass dev= or scores=")
+        if monitor is None and dev is not None and isinstance(self.loss, str):
+            monitor = f"dev_{self.loss}"
+
+        recorded = train if isinstance(train, RecordedExamples) else self.compiler.record(train, progress=self.progress)
+        dev_data = (dev if dev is None or isinstance(dev, RecordedExamples)
+                    else self.compiler.record(dev, progress=self.progress))
+        per_epoch = _steps_per_epoch(len(recorded), self.batch_size, drop_remainder)
+        directory = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
+        run = _Run(self.init(params), None, [], directory, _writer(log_dir))
+        if resume and directory is not None and (directory / LAST).exists():
+            self._restore(run)
+        if run.best_params is None:
+            run.best_params = run.state.params
+
+        bar = _bar(self.progress, total=epochs * per_epoch, initial=int(run.state.step), desc="training")
+
+        def evaluate_now() -> bool:
+            """Records an evaluation; True when it asks to stop early."""
+            state = run.state
+            record: dict[str, Any] = {"step": int(state.step), "epoch": int(state.epoch)}
+            self._log_loss(run, None, bar)
+            record["train_loss"] = float(np.mean(run.losses)) if run.losses else math.nan
+            record["seconds"] = round(time.perf_counter() - started, 3)
+            run.losses = []
+            if dev_data is not None:
+                record.update({f"dev_{k}": v for k, v in self.evaluate(state.params, dev_data).items()})
+            if scores is not None:
+                record.update(scores(state.params))
+            stop = False
+            if evaluates:
+                # Without a monitor, the first score decides; losses and errors are minimised.
+                key = monitor or next((k for k in record if k not in ("step", "epoch", "train_loss", "seconds")), "")
+                if key not in record:
+                    raise ValueError(f"monitor={key!r} is not among the scores of an evaluation: {sorted(record)}")
+                sign = -1.0 if (mode or _mode_of(key)) == "max" else 1.0
+                score = float(record[key])
+                if math.isnan(state.best) or sign * score < sign * state.best:
+                    run.state = state._replace(best=score, stale=0)
+                    run.best_params = state.params
+                    if directory is not None:
+                        save_checkpoint(directory / BEST, state.params)
+                else:
+                    run.state = state._replace(stale=int(state.stale) + 1)
+                    stop = patience is not None and int(run.state.stale) >= patience
+                record["best"] = bool(run.state.stale == 0)
+            run.history.append(record)
+            self._report(record, run.writer)
+            run.save()
+            return stop
+
+        stopped, started = "epochs", time.perf_counter()
+        batches: Iterator[Batch] | None = None
+        try:
+            while int(run.state.epoch) < epochs:
+                epoch, done = int(run.state.epoch), int(run.state.epoch_step)
+                order = np.random.default_rng([self.seed, epoch]).permutation(len(recorded))
+                stop = per_epoch * self.batch_size if drop_remainder else len(recorded)
+                batches = self.compiler.batches(recorded[order[done * self.batch_size:stop]], self.batch_size,
+                                                num_workers=self.num_workers, drop_remainder=drop_remainder)
+                stopping = False
+                for batch in batches:
+                    s = run.state
+                    params, opt_state, loss = self._step(s.params, s.opt_state, batch, jnp.int32(s.step))
+                    run.state = s._replace(params=params, opt_state=opt_state, step=int(s.step) + 1,
+                                           epoch_step=int(s.epoch_step) + 1)
+                    self._log_loss(run, loss, bar)
+                    if eval_every is not None and int(run.state.step) % eval_every == 0 and evaluate_now():
+                        stopping = True
+                        break
+                batches = None
+                run.state = run.state._replace(epoch=epoch + 1, epoch_step=0)
+                if stopping or (eval_every is None and evaluate_now() and evaluates):
+                    stopped = "early_stopping"
+                    break
+                if eval_every is not None:
+                    run.save()
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+            run.save()
+            where = f"; resume from {directory / LAST}" if directory is not None else ""
+            logger.warning("training interrupted at step %d%s", int(run.state.step), where)
+        finally:
+            if batches is not None and hasattr(batches, "close"):
+                batches.close()  # shuts worker processes down
+            bar.close()
+            if run.writer is not None:
+                run.writer.close()
+        best = _best_record(run.history) if evaluates else None
+        return FitResult(run.state.params, run.best_params, best, run.history, run.state, stopped)
+
+    def _restore(self, run: _Run) -> None:
+        """``run``'s state, best parameters and history from its checkpoint_dir."""
+        assert run.directory is not None
+        template = run.state._replace(step=np.int64(0), epoch=np.int64(0), epoch_step=np.int64(0),
+                                      best=np.float64(0), stale=np.int64(0))
+        restored = TrainState(**load_checkpoint(run.directory / LAST, template._asdict()))
+        run.state = restored._replace(step=int(restored.step), epoch=int(restored.epoch),
+                                      epoch_step=int(restored.epoch_step), best=float(restored.best),
+                                      stale=int(restored.stale))
+        if (run.directory / BEST).exists():
+            run.best_params = load_checkpoint(run.directory / BEST, run.state.params)
+        if (run.directory / HISTORY).exists():
+            run.history = json.loads((run.directory / HISTORY).read_text())
+        logger.info("resumed from %s at step %d (epoch %d)", run.directory / LAST, run.state.step, run.state.epoch)
+
+    def _log_loss(self, run: _Run, loss: jax.Array | None, bar: Any) -> None:
+        """Logs the pending step's loss, which is ready once the next step is queued (reading it
+        then does not stall the device), and makes ``loss`` (of the step just taken) pending."""
+        if run.pending is not None:
+            step, value = run.pending[0], float(run.pending[1])
+            run.losses.append(value)
+            if run.writer is not None:
+                run.writer.add_scalar("train/loss", value, step)
+            bar.set_postfix(loss=f"{value:.4g}", refresh=False)
+        run.pending = None if loss is None else (int(run.state.step), loss)
+        if loss is not None:
+            bar.update(1)
+
+    def _report(self, record: dict, writer: Any) -> None:
+        line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(line)
+        else:
+            logger.info(line)
+        if writer is not None:
+            for k, v in record.items():
+                if isinstance(v, float) and k != "step":
+                    writer.add_scalar(k.replace("dev_", "dev/", 1), v, record["step"])
+
+    # ------------------------------------------------------------- eval, infer
+    def _eval_batches(self, data: Iterable[Any] | RecordedExamples, batch_size: int | None) -> Iterator[Batch]:
+        return self.compiler.batches(data, batch_size or self.eval_batch_size, num_workers=self.num_workers)
+
+    def evaluate(self, params: Any, data: Iterable[Any] | RecordedExamples, per_example: bool = False,
+                 batch_size: int | None = None) -> dict[str, Any]:
+        """Each metric's mean over every entry ``data`` produces (no stochastic layers).
+
+        Args:
+          params: the parameters.
+          data: examples or recorded examples.
+          per_example: instead, per metric, an array with each example's
+            mean entry (NaN for an example with no entry), in ``data``'s order.
+          batch_size: examples per batch (default ``eval_batch_size``).
+
+        Returns:
+          ``{metric: float}`` (a vector metric gives an array), or
+          ``{metric: array of len(data)}`` with ``per_example``.
+        """
+        sums: dict[str, Any] = {}
+        counts: dict[str, Any] = {}
+        n = 0
+        for batch in self._eval_batches(data, batch_size):
+            n += batch.layout.num_examples
+            for name, m in self.compiler.apply(params, batch).metrics.items():
+                mask = np.asarray(m.mask)
+                values = np.asarray(m.padded)[mask]
+                if per_example:
+                    flat = values.reshape(len(values), -1).mean(axis=1)
+                    example = np.asarray(batch.example_indices)[np.asarray(m.example)[mask]]
+                    sums.setdefault(name, []).append((example, flat))
+                else:
+                    sums[name] = sums.get(name, 0.0) + values.sum(axis=0, dtype=np.float64)
+                    counts[name] = counts.get(name, 0) + len(values)
+        if per_example:
+            out = {}
+            for name, parts in sums.items():
+                total, count = np.zeros(n), np.zeros(n)
+                for example, flat in parts:
+                    np.add.at(total, example, flat)
+                    np.add.at(count, example, 1)
+                with np.errstate(invalid="ignore"):
+                    out[name] = total / count
+            return out
+        return {name: _scalar(sums[name] / max(counts[name], 1)) for name in sums}
+
+    def predict(self, params: Any, data: Iterable[Any] | RecordedExamples, batch_size: int | None = None) -> Any:
+        """The model's outputs for every example of ``data``, in order (NumPy; a tuple output gives
+        a tuple of arrays)."""
+        parts = [jax.tree.map(np.asarray, self.compiler.apply(params, b).outputs)
+                 for b in self._eval_batches(data, batch_size)]
+        if not parts:
+            raise ValueError("predict got no examples")
+        return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def _steps_per_epoch(n: int, batch_size: int, drop_remainder: bool) -> int:
+    if n == 0:
+        raise ValueError("fit got no training examples")
+    if drop_remainder and n < batch_size:
+        raise ValueError(f"{n} training examples make no full batch of {batch_size}: "
+                         "lower batch_size or pass drop_remainder=False")
+    return n // batch_size if drop_remainder else -(-n // batch_size)
+
+
+def _scalar(x: np.ndarray) -> Any:
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def _mode_of(score: str) -> str:
+    return "min" if any(word in score for word in ("loss", "error")) else "max"
+
+
+def _best_record(history: list[dict]) -> dict | None:
+    best = None
+    for record in history:
+        if record.get("best"):
+            best = record
+    return best
+
+
+def _writer(log_dir: str | pathlib.Path | None) -> Any:
+    if log_dir is None:
+        return None
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError as e:
+        raise ImportError("log_dir needs tensorboardX: pip install tensorboardX") from e
+    return SummaryWriter(str(log_dir))
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(show: bool, **kwargs: Any) -> Any:
+    if not show:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(unit="step", **kwargs)

@@ -1,0 +1,218 @@
+"""fd.Trainer: training steps against a closed-form reference, evaluation against per-example NumPy,
+reproducibility, resuming (after an epoch and mid-epoch, through a real KeyboardInterrupt), early
+stopping, checkpoints, TensorBoard scalars and bad arguments."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import fold as fd
+
+N, BATCH = 40, 8
+
+
+def regression(dropout: float = 0.0) -> fd.Block:
+    """([x, 1], target) -> prediction w.[x, 1] + b; metrics 'loss' (squared error) and 'abs_error'."""
+    c = fd.Composition()
+    with c.scope():
+        features = fd.Vector(2)
+        if dropout:
+            features = features >> fd.Dropout(dropout)
+        y = (features >> fd.FC(1, activation=None, name="linear") >> fd.Function(lambda v: v[:, 0])).reads(c.input[0])
+        error = fd.Function(jnp.subtract).reads(y, fd.Scalar().reads(c.input[1]))
+        fd.Metric("loss").reads(fd.Function(jnp.square).reads(error))
+        fd.Metric("abs_error").reads(fd.Function(jnp.abs).reads(error))
+        c.output.reads(y)
+    return c
+
+
+def data(n: int = N, seed: int = 0) -> list:
+    xs = np.random.default_rng(seed).uniform(-1, 1, n)
+    return [([float(x), 1.0], float(2.0 * x - 0.5)) for x in xs]
+
+
+def predictions(params: dict, examples: list) -> np.ndarray:
+    w, b = np.asarray(params["linear"]["w"]), np.asarray(params["linear"]["b"])
+    return np.array([np.asarray(x) @ w[:, 0] + b[0] for x, _ in examples])
+
+
+def trainer(optimizer=None, **kwargs) -> fd.Trainer:
+    kwargs.setdefault("batch_size", BATCH)
+    return fd.Trainer(fd.Compiler.create(regression(kwargs.pop("dropout", 0.0))),
+                      optimizer or optax.sgd(0.1), progress=False, **kwargs)
+
+
+def leaves_equal(a, b) -> bool:
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_each_step_is_sgd_on_the_batch_the_seeded_order_gives():
+    lr, seed = 0.1, 3
+    t = trainer(optax.sgd(lr), seed=seed)
+    examples = data()
+    start = t.init()
+    run = t.fit(examples, epochs=2, params=start.params)
+    # Reference: plain NumPy gradient descent on the mean squared error of each batch, in the
+    # documented order (default_rng([seed, epoch]).permutation, last partial batch dropped).
+    w = np.asarray(start.params["linear"]["w"], np.float64)[:, 0].copy()
+    b = float(np.asarray(start.params["linear"]["b"])[0])
+    x = np.array([e[0] for e in examples])
+    y = np.array([e[1] for e in examples])
+    for epoch in range(2):
+        order = np.random.default_rng([seed, epoch]).permutation(N)
+        for i in range(N // BATCH):
+            idx = order[i * BATCH:(i + 1) * BATCH]
+            err = x[idx] @ w + b - y[idx]
+            w, b = w - lr * 2 * (err @ x[idx]) / BATCH, b - lr * 2 * err.mean()
+    np.testing.assert_allclose(np.asarray(run.params["linear"]["w"])[:, 0], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(run.params["linear"]["b"])[0], b, rtol=1e-5, atol=1e-6)
+    assert int(run.state.step) == 2 * (N // BATCH) and int(run.state.epoch) == 2
+    assert [r["epoch"] for r in run.history] == [1, 2] and run.stopped == "epochs"
+    assert run.best is None  # nothing to evaluate on
+
+
+def test_evaluate_and_predict_match_per_example_numpy():
+    t = trainer(eval_batch_size=7)
+    params = t.init().params
+    examples = data(23)
+    pred = predictions(params, examples)
+    err = pred - np.array([e[1] for e in examples])
+    np.testing.assert_allclose(t.predict(params, examples), pred, rtol=1e-5, atol=1e-6)
+    means = t.evaluate(params, examples)
+    assert set(means) == {"loss", "abs_error"}
+    np.testing.assert_allclose(means["loss"], np.mean(err ** 2), rtol=1e-5)
+    np.testing.assert_allclose(means["abs_error"], np.mean(np.abs(err)), rtol=1e-5)
+    per = t.evaluate(params, examples, per_example=True)
+    np.testing.assert_allclose(per["loss"], err ** 2, rtol=1e-5, atol=1e-7)
+    recorded = t.compiler.record(examples)
+    np.testing.assert_allclose(t.evaluate(params, recorded, per_example=True)["abs_error"], np.abs(err),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_fit_keeps_the_best_dev_parameters_and_learns():
+    t = trainer(optax.adam(0.05))
+    dev = data(16, seed=1)
+    run = t.fit(data(), epochs=8, dev=dev)
+    assert all("dev_loss" in r and "dev_abs_error" in r for r in run.history)
+    best = min(run.history, key=lambda r: r["dev_loss"])
+    assert run.best == best and best["best"]
+    assert t.evaluate(run.best_params, dev)["loss"] == pytest.approx(best["dev_loss"], rel=1e-6)
+    assert run.history[-1]["dev_loss"] < 0.1 * run.history[0]["dev_loss"]
+
+
+def test_same_seed_same_run_and_another_seed_another():
+    def params(seed):
+        return trainer(optax.adam(0.05), seed=seed, dropout=0.3).fit(data(), epochs=2).params
+
+    assert leaves_equal(params(0), params(0))
+    assert not leaves_equal(params(0), params(1))
+
+
+def test_resuming_after_an_epoch_continues_the_same_run(tmp_path):
+    full = trainer(optax.adam(0.05), dropout=0.3).fit(data(), epochs=3, dev=data(8, 1))
+    trainer(optax.adam(0.05), dropout=0.3).fit(data(), epochs=1, dev=data(8, 1), checkpoint_dir=tmp_path)
+    resumed = trainer(optax.adam(0.05), dropout=0.3).fit(data(), epochs=3, dev=data(8, 1),
+                                                         checkpoint_dir=tmp_path, resume=True)
+    assert leaves_equal(resumed.params, full.params)
+    assert leaves_equal(resumed.state.opt_state, full.state.opt_state)
+    assert [r["step"] for r in resumed.history] == [r["step"] for r in full.history]
+    assert json.loads((tmp_path / "history.json").read_text()) == resumed.history
+
+
+def test_an_interrupt_mid_epoch_saves_and_resuming_finishes_the_same_run(tmp_path):
+    calls = []
+
+    def interrupt_second_time(params):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return {"calls": float(len(calls))}
+
+    full = trainer(optax.adam(0.05), dropout=0.3).fit(data(), epochs=2)
+    stopped = trainer(optax.adam(0.05), dropout=0.3).fit(data(), epochs=2, scores=interrupt_second_time,
+                                                         eval_every=3, checkpoint_dir=tmp_path)
+    assert stopped.stopped == "interrupted" and int(stopped.state.step) == 6
+    assert int(stopped.state.epoch) == 1 and int(stopped.state.epoch_step) == 1  # 5 steps per epoch
+    resumed = trainer(optax.adam(0.05), dropout=0.3).fit(data(), epochs=2, checkpoint_dir=tmp_path, resume=True)
+    assert int(resumed.state.step) == 10 and resumed.stopped == "epochs"
+    assert leaves_equal(resumed.params, full.params)
+
+
+def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path):
+    scores = iter([3.0, 1.0, 2.0, 2.5, 0.5])
+
+    def accuracy(params):
+        return {"accuracy": next(scores)}
+
+    run = trainer().fit(data(), epochs=5, scores=accuracy, patience=2, checkpoint_dir=tmp_path)
+    assert run.stopped == "early_stopping"
+    assert [r["accuracy"] for r in run.history] == [3.0, 1.0, 2.0]
+    assert run.best["accuracy"] == 3.0 and run.best["epoch"] == 1  # "accuracy" is maximised
+    first = trainer().fit(data(), epochs=1).params
+    assert leaves_equal(run.best_params, first)
+    assert leaves_equal(fd.load_checkpoint(tmp_path / "best.npz", first), first)
+
+
+def test_monitor_and_mode_choose_the_best():
+    run = trainer(optax.adam(0.05)).fit(data(), epochs=3, dev=data(8, 1), monitor="dev_loss", mode="max")
+    assert run.best == max(run.history, key=lambda r: r["dev_loss"])
+
+
+def _events(path) -> list:
+    """(tag, step, value) of every scalar in a TensorBoard event file (TFRecord framing)."""
+    from tensorboardX.proto import event_pb2
+
+    out, raw = [], path.read_bytes()
+    while raw:
+        (length,) = struct.unpack("<Q", raw[:8])
+        event = event_pb2.Event.FromString(raw[12:12 + length])
+        raw = raw[12 + length + 4:]
+        out += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+    return out
+
+
+def test_tensorboard_scalars(tmp_path):
+    pytest.importorskip("tensorboardX")
+    run = trainer().fit(data(), epochs=2, dev=data(8, 1), log_dir=tmp_path)
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    events = _events(path)
+    losses = [(s, v) for tag, s, v in events if tag == "train/loss"]
+    assert [s for s, _ in losses] == list(range(1, 2 * (N // BATCH) + 1))
+    assert np.mean([v for s, v in losses if s <= N // BATCH]) == pytest.approx(run.history[0]["train_loss"], rel=1e-6)
+    dev = [(s, v) for tag, s, v in events if tag == "dev/loss"]
+    assert dev == [(r["step"], pytest.approx(r["dev_loss"], rel=1e-6)) for r in run.history]
+
+
+def test_bad_arguments_are_refused():
+    compiler = fd.Compiler.create(regression())
+    with pytest.raises(ValueError, match="loss='cost' names no metric of the model \\(its metrics: abs_error, loss"):
+        fd.Trainer(compiler, optax.sgd(0.1), loss="cost")
+    with pytest.raises(TypeError, match="Trainer takes a Compiler"):
+        fd.Trainer(regression(), optax.sgd(0.1))
+    with pytest.raises(ValueError, match="batch_size must be positive"):
+        fd.Trainer(compiler, optax.sgd(0.1), batch_size=0)
+    t = fd.Trainer(compiler, optax.sgd(0.1), batch_size=BATCH, progress=False)
+    with pytest.raises(ValueError, match="resume=True needs the checkpoint_dir"):
+        t.fit(data(), epochs=1, resume=True)
+    with pytest.raises(ValueError, match="patience needs evaluations"):
+        t.fit(data(), epochs=1, patience=2)
+    with pytest.raises(ValueError, match="make no full batch of 8"):
+        t.fit(data(5), epochs=1)
+    with pytest.raises(ValueError, match="monitor='dev_accuracy' is not among the scores"):
+        t.fit(data(), epochs=1, dev=data(4), monitor="dev_accuracy")
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
+        t.fit(data(), epochs=1, dev=data(4), mode="best")
+
+
+def test_a_loss_function_of_the_result():
+    t = fd.Trainer(fd.Compiler.create(regression()), optax.sgd(0.1), batch_size=BATCH, progress=False,
+                   loss=lambda result: result.metrics["abs_error"].mean())
+    run = t.fit(data(), epochs=3, dev=data(8, 1), monitor="dev_abs_error")
+    assert run.history[-1]["dev_abs_error"] < run.history[0]["dev_abs_error"]
