@@ -362,7 +362,7 @@ class Compiler:
         it does not see later changes to the examples, and host functions
         (``InputTransform``, ``OneOf`` keys) ran once per example, so do not
         record examples whose host functions draw random numbers.
-        ``progress=True`` shows a progress bar (needs ``tqdm``).
+        ``progress=True`` shows a tqdm progress bar.
 
         Args:
           examples: the examples, walked in order.
@@ -386,10 +386,8 @@ class Compiler:
         examples = list(examples)
         walked: Iterable[Any] = examples
         if progress:
-            try:
-                from tqdm.auto import tqdm
-            except ImportError as e:
-                raise ImportError("record(progress=True) needs tqdm: pip install tqdm") from e
+            from tqdm.auto import tqdm
+
             walked = tqdm(examples, desc="recording examples", unit="ex")
         try:
             return record(self.program, walked, self._token)
