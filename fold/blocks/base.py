@@ -364,6 +364,8 @@ def unify(a: Block, a_side: str, b: Block, b_side: str) -> None:
 
 def set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> None:
     """Sets ``child``'s ``side`` type to ``t``, explaining a conflict with both blocks."""
+    # Stored types are canonical (a tuple of PyObjects is a PyObject): compare like with like.
+    t = convert_to_type(t)
     cur = child.input_type if side == "input" else child.output_type
     if cur is not None:
         if cur != t:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, scope_stack, unify
 from fold.blocks.host import HostContext
-from fold.blocks.types import TupleType, VoidType
+from fold.blocks.types import TupleType, VoidType, convert_to_type
 from fold.errors import set_type, type_error
 
 if TYPE_CHECKING:
@@ -109,6 +109,22 @@ class Composition(Block):
     def _is_wired(self, b: Block) -> bool:
         return b in self._sources or any(b in srcs for srcs in self._sources.values())
 
+    def connect(self, a: Any, b: Any) -> None:
+        """Feeds ``a`` to the input of ``b`` (Fold's ``Composition.connect``; ``b.reads(a)`` inside
+        ``scope()`` is the same).
+
+        Args:
+          a: a block, an output of one (``block[k]``), ``self.input``, or a tuple or list of
+            them (``b`` then reads their tuple).
+          b: the block whose input is wired; blocks not yet members join the composition.
+
+        Raises:
+          ValueError: ``a`` includes ``self.output``, ``b`` is ``self.input``, ``b``'s input is
+            already wired, or a block belongs to another composition.
+        """
+        others = tuple(a) if isinstance(a, (tuple, list)) else (a,)
+        self._connect(convert_to_block(b), others)
+
     def _connect(self, dst: Block, others: tuple) -> None:
         if dst is self.input:
             raise ValueError(f"cannot wire the input of {self!r}: it is written by the caller")
@@ -147,7 +163,7 @@ class Composition(Block):
             outs = [s.output_type for s in srcs]
             t = dst.input_type
             if all(o is not None for o in outs):
-                tup = TupleType(*outs)
+                tup = convert_to_type(TupleType(*outs))  # stored types are canonical
                 if t is None:
                     set_type(dst, "input", tup, lambda e, src=srcs[0], tup=tup, dst=dst: type_error(  # type: ignore[misc]
                         src, tup, dst, "(unknown)", "and the other sources give", str(e)))

@@ -124,6 +124,12 @@ class Record(Block):
     def children(self) -> list[Block]:
         return [b for _, b in self._fields]
 
+    def __getitem__(self, key: Any) -> Block:
+        """The output of the field ``key`` (a key of the record, as in Fold), else item ``key`` of the
+        output tuple."""
+        keys = self.keys
+        return super().__getitem__(keys.index(key) if key in keys and not isinstance(key, slice) else key)
+
     def _check_input(self, t: Type) -> None:
         if isinstance(t, TupleType):
             for k, _ in self._fields:

@@ -92,6 +92,10 @@ class Map(Block):
     def _check_input(self, t: Type) -> None:
         _element_type(self, t)
 
+    def _check_output(self, t: Type) -> None:
+        if not isinstance(t, (SequenceType, PyObjectType)):
+            raise TypeError(f"{self!r} outputs a sequence, not {t}")
+
     def _infer(self) -> None:
         elem = getattr(self, "element_block", None)
         if elem is None:
