@@ -117,6 +117,8 @@ class Block(metaclass=_BlockMeta):
     __array_ufunc__ = None
     _ready = False  # set once the constructor returns (``_BlockMeta``): inference waits for it
     _scoped = True  # registers itself with the enclosing Composition scope
+    # A ForwardDeclaration only refers to its target: the target may also be used in one place.
+    _refers_to_children = False
 
     def __init__(self, name: str | None = None, input_type: Any = None, output_type: Any = None):
         self._name = name
@@ -231,7 +233,7 @@ class Block(metaclass=_BlockMeta):
     def _adopt(self, child: Any) -> Block:
         """Makes ``child`` (a block-like) a child of this block."""
         child = convert_to_block(child)
-        if child._parent is not None:
+        if child._parent is not None and not child._parent._refers_to_children:
             raise ValueError(
                 f"{child!r} is already used inside {child._parent!r}; a block may appear in "
                 "one place only (create a new block; layers can be shared)"

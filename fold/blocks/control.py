@@ -142,6 +142,7 @@ class ForwardDeclaration(Block):
     """
 
     _scoped = False
+    _refers_to_children = True
 
     def __init__(self, input_type: Any = None, output_type: Any = None, name: str | None = None):
         self.target: Block | None = None
@@ -157,14 +158,14 @@ class ForwardDeclaration(Block):
         return ref
 
     def resolve_to(self, target_block: Any) -> None:
-        """Ties the declaration to its definition."""
+        """Ties the declaration to its definition. The definition may also be used in one other
+        place (``decl.resolve_to(expr)`` then ``expr >> fd.FC(3)``, as Fold's calculator does)."""
         if self.target is not None:
             raise ValueError(f"{self!r} is already resolved to {self.target!r}")
         target = convert_to_block(target_block)
-        if target._parent is not None and target._parent is not self:
-            raise ValueError(f"{target!r} is already used inside {target._parent!r}")
         self.target = target
-        target._parent = self
+        if target._parent is None:
+            target._parent = self  # until a block uses it (Fold's calculator pipes it further)
         self._listen(target)
         self._infer()
 

@@ -283,18 +283,32 @@ def convert_to_type(x: Any) -> Type:
     * a ``Type`` is returned unchanged (canonicalised);
     * a tuple or list of ints (including ``()`` and ``[]``) is a float32
       ``TensorType`` of that shape;
+    * a list of ints ending in a dtype (``[3, 4, 'int32']``) is a
+      ``TensorType`` of that shape and dtype (as in Fold);
+    * an int ``n`` is a float32 vector ``TensorType((n,))`` (as in Fold);
     * a dtype (string or NumPy dtype) is a scalar ``TensorType`` of it;
     * any other tuple or list is a ``TupleType`` of its converted items.
+
+    Fold reads a tuple of ints as a tuple of vectors; here it is a shape,
+    like a list.
 
     >>> convert_to_type([])
     TensorType((), 'float32')
     >>> convert_to_type(((3,), 'int32'))
     TupleType(TensorType((3,), 'float32'), TensorType((), 'int32'))
+    >>> convert_to_type(8), convert_to_type([2, 3, 'int32'])
+    (TensorType((8,), 'float32'), TensorType((2, 3), 'int32'))
     """
     if isinstance(x, Type):
         return _canonicalize(x)
     if _is_shape(x):
         return TensorType(x)
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        if x < 0:
+            raise TypeError(f"cannot convert {x} to a fold type: a vector length is >= 0")
+        return TensorType((int(x),))
+    if isinstance(x, list) and x and isinstance(x[-1], str) and _is_shape(x[:-1]):
+        return TensorType(tuple(x[:-1]), x[-1])
     if isinstance(x, (tuple, list)):
         return _canonicalize(TupleType(*[convert_to_type(i) for i in x]))
     if isinstance(x, (str, np.dtype)) or (isinstance(x, type) and issubclass(x, np.generic)):

@@ -1,6 +1,13 @@
-"""TensorFlow Fold's own g3doc examples (blocks.md), run as written there with ``td.`` -> ``fd.``
-and TensorFlow layers replaced by this library's (``ScopedLayer(BasicLSTMCell(n))`` -> ``LSTMCell(n)``,
-``tf.nn.sigmoid`` -> ``jax.nn.sigmoid``)."""
+"""TensorFlow Fold's own g3doc examples (blocks.md and types.md) and its calculator model
+(blocks/examples/calculator/model.py), run as written there with ``td.`` -> ``fd.`` and TensorFlow
+layers and ops replaced by this library's and JAX's (``ScopedLayer(BasicLSTMCell(n))`` ->
+``LSTMCell(n)``, ``tf.nn.sigmoid`` -> ``jax.nn.sigmoid``), each checked against a NumPy reference
+where it computes something.
+
+Not ported: Fold's sentiment example (blocks/examples/sentiment/sentiment.py) as written: it
+subclasses TensorFlow's ``BasicLSTMCell`` and wraps it in ``DropoutWrapper``, where this library
+has ``BinaryTreeLSTMCell(recurrent_dropout=...)``; ``examples/tree_lstm_sst.py`` is the same model
+in this library's terms."""
 
 from __future__ import annotations
 
@@ -107,3 +114,209 @@ def test_cells_take_a_tuple_of_vectors_as_their_input():
         return h[0]
 
     np.testing.assert_allclose(out, jnp.stack([reference(s) for s in seqs]), rtol=1e-5, atol=1e-6)
+
+
+# --- the rest of blocks.md ---------------------------------------------------------------------
+
+def test_from_tensor_constants():
+    """``FromTensor(np.zeros([]))`` is float64 in Fold; JAX keeps float32 unless x64 is enabled.
+    (Fold's third line, a ``tf.Variable``, is a parameter here: a layer's.)"""
+    assert fd.FromTensor(np.zeros([])).output_type == fd.TensorType(())
+    assert fd.FromTensor(jnp.zeros([])).output_type == fd.TensorType(())
+    assert float(fd.FromTensor(jnp.zeros([])).eval(None)) == 0.0
+
+
+def test_one_fc_layer_shared_by_three_functions():
+    fclayer = fd.FC(16)
+    ffnet = fd.Function(fclayer) >> fd.Function(fclayer) >> fd.Function(fclayer)
+    compiler = fd.Compiler.create(fd.Vector(16) >> ffnet)
+    params = compiler.init(jax.random.key(0))
+    assert list(params) == [fclayer.name]  # one set of weights
+    w, b = np.asarray(params[fclayer.name]["w"]), np.asarray(params[fclayer.name]["b"])
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    want = x
+    for _ in range(3):
+        want = np.maximum(want @ w + b, 0)
+    out = compiler.apply(params, compiler.build_batch([x.tolist()])).outputs[0]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_mnist_model():
+    mnist_model = (fd.InputTransform(lambda s: [ord(c) / 255.0 for c in s]) >>
+                   fd.Vector(784) >>             # convert python list to tensor
+                   fd.Function(fd.FC(100)) >>    # layer 1, 100 hidden units
+                   fd.Function(fd.FC(100)))      # layer 2, 100 hidden units
+    compiler = fd.Compiler.create(mnist_model)
+    params = compiler.init(jax.random.key(0))
+    image = "".join(chr(i % 256) for i in range(784))
+    h = np.array([ord(c) / 255.0 for c in image], np.float32)
+    for name in sorted(params, key=lambda n: params[n]["w"].shape[0], reverse=True):  # 784 -> 100 -> 100
+        h = np.maximum(h @ np.asarray(params[name]["w"]) + np.asarray(params[name]["b"]), 0)
+    np.testing.assert_allclose(compiler.apply(params, compiler.build_batch([image])).outputs[0], h,
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_abs_sum_and_a_character_rnn():
+    shape = ()
+    def abs_():
+        return fd.Map(fd.Scalar() >> fd.Function(jnp.abs))
+
+    sum_in_order = fd.Fold(fd.Function(jnp.add), fd.FromTensor(jnp.zeros(shape)))
+    sum_in_parallel = fd.Reduce(fd.Function(jnp.add))
+    assert float((abs_() >> sum_in_order).eval([1, -2, 3])) == 6.0
+    assert float((abs_() >> sum_in_parallel).eval([1, -2, 3, -4])) == 10.0
+
+    char_rnn = (fd.InputTransform(lambda s: [ord(c) for c in s]) >>
+                # Embed each character using an embedding table of size 128 x 16
+                fd.Map(fd.Scalar("int32") >>
+                       fd.Function(fd.Embedding(128, 16, name="chars"))) >>
+                # Fold over the sequence of embedded characters,
+                # producing an output vector of length 64.
+                fd.Fold(fd.Concat() >> fd.Function(fd.FC(64, name="fold_fc")),
+                        fd.FromTensor(jnp.zeros(64))))
+    compiler = fd.Compiler.create(char_rnn)
+    params = compiler.init(jax.random.key(0))
+    table, w, b = (np.asarray(params["chars"]["table"]), np.asarray(params["fold_fc"]["w"]),
+                   np.asarray(params["fold_fc"]["b"]))
+    state = np.zeros(64, np.float32)
+    for c in "fold":
+        state = np.maximum(np.concatenate([state, table[ord(c)]]) @ w + b, 0)
+    np.testing.assert_allclose(compiler.apply(params, compiler.build_batch(["fold"])).outputs[0], state,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_record_of_an_id_a_name_and_a_location():
+    num_ids, embed_len = 16, 16
+    char_rnn = (fd.InputTransform(lambda s: [ord(c) for c in s])
+                >> fd.Map(fd.Scalar("int32") >> fd.Function(fd.Embedding(128, 16)))
+                >> fd.Fold(fd.Concat() >> fd.Function(fd.FC(64)), fd.FromTensor(jnp.zeros(64))))
+    rec = (fd.Record([("id", fd.Scalar("int32") >>
+                       fd.Function(fd.Embedding(num_ids, embed_len))),
+                      ("name", char_rnn),
+                      ("location", fd.Vector(2))]) >>
+           fd.Concat() >> fd.Function(fd.FC(128)))
+    out = rec.eval({"id": 8, "name": "Joe Smith", "location": (2.5, 7.0)})
+    assert out.shape == (128,) and np.isfinite(out).all()
+
+
+# --- types.md ----------------------------------------------------------------------------------
+
+def test_types_md():
+    assert fd.Scalar().input_type == fd.PyObjectType()
+    assert fd.Scalar().output_type == fd.TensorType((), "float32")
+    assert fd.Length().input_type is None
+    assert fd.Length().output_type == fd.TensorType((), "float32")
+
+    length_block = fd.Length()
+    seq_len = fd.Map(fd.Scalar()) >> length_block
+    assert length_block.input_type == fd.SequenceType(fd.TensorType((), "float32"))
+    assert seq_len.output_type == fd.TensorType(())
+
+    length_block = fd.Length()
+    length_block.set_input_type(fd.SequenceType(fd.TensorType((), "float32")))
+    assert length_block.input_type == fd.SequenceType(fd.TensorType((), "float32"))
+
+    with pytest.raises(TypeError, match="Length takes a sequence or a non-empty tuple, not VoidType"):
+        fd.Length().set_input_type(fd.VoidType())
+
+    length_block = fd.Length()
+    length_block.set_input_type(fd.PyObjectType())
+    with pytest.raises(TypeError, match=r"Map has output type SequenceType\(TensorType\(\(\), 'float32'\)\) "
+                                        r"but Length has PyObjectType\(\)"):
+        fd.Map(fd.Scalar()) >> length_block
+
+    f = fd.Function(jnp.add)
+    (fd.Scalar(), fd.Scalar()) >> f
+    assert f.input_type == fd.TupleType(fd.TensorType((), "float32"), fd.TensorType((), "float32"))
+
+    assert fd.Map(fd.Scalar()).output_type == fd.SequenceType(fd.TensorType((), "float32"))
+    assert fd.InputTransform(str.lower).output_type == fd.PyObjectType()
+    assert fd.Map(fd.InputTransform(str.lower)).output_type == fd.PyObjectType()
+
+
+# --- Fold's calculator example (blocks/examples/calculator/model.py) -----------------------------
+
+NUM_LABELS = 3  # negative, zero and positive.
+
+
+def preprocess_expression(expr):
+    # Set the op field for numbers, so we can handle cases uniformly.
+    if expr["number"] is not None:
+        expr["op"] = {"name": "NUM"}
+    return expr
+
+
+def result_sign(result):
+    if result < 0:
+        return 0
+    if result == 0:
+        return 1
+    return 2
+
+
+def calculator_model(state_size: int) -> fd.Block:
+    """Fold's CalculatorModel.__init__ up to ``Compiler.create``, with ``td.`` -> ``fd.``."""
+    expr_decl = fd.ForwardDeclaration(fd.PyObjectType(), state_size)
+    digit = (fd.GetItem("number") >> fd.Scalar(dtype="int32") >>
+             fd.Function(fd.Embedding(10, state_size, name="terminal_embed")))
+
+    def bin_op(name):
+        return (fd.Record([("left", expr_decl()), ("right", expr_decl())]) >>
+                fd.Concat() >>
+                fd.FC(state_size, name="FC_" + name))
+
+    cases = fd.OneOf(lambda x: x["op"]["name"],
+                     {"NUM": digit,
+                      "PLUS": bin_op("PLUS"),
+                      "MINUS": bin_op("MINUS"),
+                      "TIMES": bin_op("TIMES"),
+                      "DIV": bin_op("DIV")})
+    expression = fd.InputTransform(preprocess_expression) >> cases
+    expr_decl.resolve_to(expression)
+    expression_logits = (expression >>
+                         fd.FC(NUM_LABELS, activation=None, name="FC_logits"))
+    expression_label = (fd.GetItem("result") >>
+                        fd.InputTransform(result_sign) >>
+                        fd.OneHot(NUM_LABELS))
+    return fd.AllOf(expression_logits, expression_label)
+
+
+def _number(n):
+    return {"number": n, "op": None, "result": n}
+
+
+def _op(name, left, right, result):
+    return {"number": None, "op": {"name": name}, "left": left, "right": right, "result": result}
+
+
+def test_fold_calculator_model():
+    state_size = 8
+    compiler = fd.Compiler.create(calculator_model(state_size))
+    params = compiler.init(jax.random.key(0))
+    examples = [_op("PLUS", _number(3), _op("TIMES", _number(2), _number(4), 8), 11),
+                _number(0),
+                _op("MINUS", _number(1), _op("DIV", _number(9), _number(3), 3), -2)]
+
+    def p(name):
+        return np.asarray(params[name]["w"]), np.asarray(params[name]["b"])
+
+    def encode(e):  # the model, one expression at a time, in NumPy
+        if e["number"] is not None:
+            return np.asarray(params["terminal_embed"]["table"])[e["number"]]
+        w, b = p("FC_" + e["op"]["name"])
+        return np.maximum(np.concatenate([encode(e["left"]), encode(e["right"])]) @ w + b, 0)
+
+    w, b = p("FC_logits")
+    want_logits = np.stack([encode(e) @ w + b for e in [dict(x) for x in examples]])
+    logits, labels = compiler.apply(params, compiler.build_batch(examples)).outputs
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(labels, np.eye(NUM_LABELS)[[2, 1, 0]])
+    # Fold's loss and accuracy on the two outputs.
+    loss = jnp.mean(optax_softmax_cross_entropy(logits, labels))
+    assert np.isfinite(float(loss))
+
+
+def optax_softmax_cross_entropy(logits, labels):
+    import optax
+
+    return optax.softmax_cross_entropy(logits, labels)
