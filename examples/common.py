@@ -22,7 +22,8 @@ def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, ba
     """The flags every example shares: schedule, seed, --quick, --json, --quiet, workers, checkpoints."""
     p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=batch_size, help="examples per batch")
-    p.add_argument("--learning-rate", type=float, default=learning_rate, help=learning_rate_help)
+    p.add_argument("--learning-rate", type=float, default=learning_rate,
+                   help=learning_rate_help or "step size of the optimizer (Adam)")
     p.add_argument("--seed", type=int, default=0, help="seed of the parameters, shuffling and dropout")
     p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
     p.add_argument("--json", default=None, help=f"report path (default examples/results/{name}[_quick].json)")

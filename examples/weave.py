@@ -173,7 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-atoms", type=int, default=10, help="most atoms of a molecule")
     p.add_argument("--hidden", type=int, default=32, help="weave module width")
     p.add_argument("--modules", type=int, default=2, help="stacked weave modules")
-    add_training_flags(p, "weave", epochs=15, batch_size=32, learning_rate=3e-3)
+    add_training_flags(p, "weave", epochs=15, batch_size=32, learning_rate=3e-3,
+                       learning_rate_help="initial Adam rate, cosine-decayed to 0")
     args = p.parse_args(argv)
     if args.quick:
         args.train_size, args.test_size, args.epochs, args.max_atoms, args.hidden = 640, 128, 4, 6, 16
