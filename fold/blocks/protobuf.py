@@ -3,7 +3,7 @@
 As in TensorFlow Fold (``ProtoMessageToTree``, ``SerializedMessageToTree``): scalar fields become
 Python numbers, strings and bytes (their default when unset), repeated fields lists, map fields
 dicts, submessages dicts (None when unset), and enum values dicts ``{"name", "index",
-"number"}``. Needs the ``protobuf`` package (``pip install "fold[protobuf]"``), imported when used.
+"number"}``. Needs the ``protobuf`` package (``pip install "fold-jax[protobuf]"``), imported when used.
 
 >>> import fold as fd
 >>> from google.protobuf import descriptor_pb2
