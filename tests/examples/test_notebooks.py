@@ -1,9 +1,19 @@
-"""The notebooks run top to bottom (with nbclient) and are stored without outputs."""
+"""The notebooks run top to bottom (with nbclient), and are stored with the outputs of a full run.
+
+Each test clears the stored outputs, executes the notebook and checks what it prints; it also
+checks that the stored copy was executed top to bottom as it stands (every code cell has
+outputs or runs silently in the fresh run too, in order) and has its picture.
+Refresh the stored outputs with ``python -m tests.examples.test_notebooks`` (the sentiment
+notebook trains on the full treebank: set ``FOLD_SST_DIR``).
+"""
 
 from __future__ import annotations
 
+import copy
+import os
 import pathlib
 import re
+import sys
 
 import nbformat
 from nbclient import NotebookClient
@@ -11,19 +21,39 @@ from nbclient import NotebookClient
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "notebooks"
 
 
+def _execute(nb: nbformat.NotebookNode, path: pathlib.Path) -> None:
+    NotebookClient(nb, timeout=1800, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+
+
+def _figures(nb: nbformat.NotebookNode) -> list:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+
+
 def _run(name: str) -> tuple[nbformat.NotebookNode, str]:
-    """Executes a notebook that is stored without outputs; returns it and its printed text."""
+    """Executes a fresh copy of a notebook; returns it and its printed text, after checking the
+    stored copy."""
     path = NOTEBOOKS / name
-    nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") and c.get("execution_count") is None
-               for c in nb.cells if c.cell_type == "code"), "store notebooks without outputs"
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    stored = nbformat.read(path, as_version=4)
+    nb = copy.deepcopy(stored)
+    for c in nb.cells:
+        if c.cell_type == "code":
+            c.outputs, c.execution_count = [], None
+    _execute(nb, path)
+    code = [(old, new) for old, new in zip(stored.cells, nb.cells) if new.cell_type == "code"]
+    assert [old.execution_count for old, _ in code] == list(range(1, len(code) + 1)), \
+        f"{name}: the stored outputs are not from one run top to bottom (python -m tests.examples.test_notebooks)"
+    for old, new in code:
+        assert bool(old.outputs) == bool(new.outputs), f"{name}: stored outputs are stale at {old.source[:60]!r}"
+    assert _figures(stored), f"{name}: the stored notebook has no picture"
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     return nb, text
 
 
 def test_quick_start_notebook():
-    _, text = _run("quick_start.ipynb")
+    nb, text = _run("quick_start.ipynb")
+    assert len(_figures(nb)) == 1, "the learning curve is plotted"
+    assert "ForwardDeclaration" in text  # print(model)
     assert "type mismatch" in text
     losses = [float(line.split("loss")[1]) for line in text.splitlines() if line.startswith("epoch")]
     assert len(losses) == 8 and losses[-1] < 0.5 * losses[0]
@@ -36,9 +66,28 @@ def test_sentiment_notebook_on_the_sst_sample(monkeypatch):
     epochs = [line.split() for line in text.splitlines() if line.startswith("epoch")]
     losses = [float(e[e.index("loss") + 1]) for e in epochs]
     assert len(losses) == 4 and losses[-1] < losses[0]
-    figures = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
-    assert len(figures) == 1, "the learning curve is plotted"
+    assert len(_figures(nb)) == 1, "the learning curve is plotted"
     for split in ("dev", "test"):
         line = next(ln for ln in text.splitlines() if ln.startswith(f"{split}: root fine"))
         values = [float(v) for v in re.findall(r"\d+\.\d+", line)]
         assert len(values) == 3 and all(0.0 <= v <= 1.0 for v in values)
+
+
+def refresh(names: list[str]) -> None:
+    """Executes the notebooks and stores them with their outputs."""
+    for name in names:
+        path = NOTEBOOKS / name
+        nb = nbformat.read(path, as_version=4)
+        for c in nb.cells:
+            if c.cell_type == "code":
+                c.outputs, c.execution_count = [], None
+        _execute(nb, path)
+        nbformat.write(nb, path)
+        print(f"stored {path}")
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or ["quick_start.ipynb", "sentiment.ipynb"]
+    if "sentiment.ipynb" in names and not os.environ.get("FOLD_SST_DIR"):
+        sys.exit("set FOLD_SST_DIR to the full treebank's folder (the sentiment notebook trains on it)")
+    refresh(names)
