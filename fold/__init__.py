@@ -1,11 +1,12 @@
 """fold: dynamic batching and typed block combinators for JAX.
 
->>> import fold as fd, jax
->>> model = fd.Map(fd.Scalar()) >> fd.Sum()
->>> compiler = fd.Compiler.create(model)
->>> params = compiler.init(jax.random.key(0))
->>> compiler.apply(params, compiler.build_batch([[1, 2, 3], [4]])).outputs.tolist()
-[6.0, 4.0]
+Examples:
+    >>> import fold as fd, jax
+    >>> model = fd.Map(fd.Scalar()) >> fd.Sum()
+    >>> compiler = fd.Compiler.create(model)
+    >>> params = compiler.init(jax.random.key(0))
+    >>> compiler.apply(params, compiler.build_batch([[1, 2, 3], [4]])).outputs.tolist()
+    [6.0, 4.0]
 """
 
 from fold.blocks.base import Block, convert_to_block

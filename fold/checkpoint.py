@@ -7,14 +7,15 @@ which gives the containers back their types (optax states are named tuples, Equi
 parameters are modules); layer names are the keys, so a model rebuilt with the same names in
 another process loads the file.
 
->>> import fold as fd, jax, tempfile, os
->>> compiler = fd.Compiler.create(fd.Vector(2) >> fd.FC(3, name="dense"))
->>> params = compiler.init(jax.random.key(0))
->>> path = os.path.join(tempfile.mkdtemp(), "params.npz")
->>> fd.save_checkpoint(path, {"params": params, "step": 7})
->>> restored = fd.load_checkpoint(path, {"params": compiler.init(jax.random.key(1)), "step": 0})
->>> bool((restored["params"]["dense"]["w"] == params["dense"]["w"]).all()), int(restored["step"])
-(True, 7)
+Examples:
+    >>> import fold as fd, jax, tempfile, os
+    >>> compiler = fd.Compiler.create(fd.Vector(2) >> fd.FC(3, name="dense"))
+    >>> params = compiler.init(jax.random.key(0))
+    >>> path = os.path.join(tempfile.mkdtemp(), "params.npz")
+    >>> fd.save_checkpoint(path, {"params": params, "step": 7})
+    >>> restored = fd.load_checkpoint(path, {"params": compiler.init(jax.random.key(1)), "step": 0})
+    >>> bool((restored["params"]["dense"]["w"] == params["dense"]["w"]).all()), int(restored["step"])
+    (True, 7)
 """
 
 from __future__ import annotations

@@ -21,20 +21,21 @@ stochastic layers with ``fold_in(key(seed), n)``. A run resumed from its
 last checkpoint therefore continues exactly where it stopped, mid-epoch
 included.
 
->>> import fold as fd, jax, jax.numpy as jnp, optax
->>> c = fd.Composition()
->>> with c.scope():
-...     y = (fd.Vector(2) >> fd.FC(1, activation=None) >> fd.Function(lambda v: v[:, 0])).reads(c.input[0])
-...     error = fd.Function(jnp.subtract).reads(y, fd.Scalar().reads(c.input[1]))
-...     _ = fd.Metric("loss").reads(fd.Function(jnp.square).reads(error))
-...     _ = c.output.reads(y)
->>> data = [([x, 1.0], 3.0 * x - 1.0) for x in jnp.linspace(-1, 1, 64).tolist()]
->>> trainer = fd.Trainer(fd.Compiler.create(c), optax.adam(0.1), batch_size=16, progress=False)
->>> run = trainer.fit(data, epochs=30, dev=data)
->>> run.best["dev_loss"] < 1e-3
-True
->>> trainer.predict(run.best_params, data[:2]).shape
-(2,)
+Examples:
+    >>> import fold as fd, jax, jax.numpy as jnp, optax
+    >>> c = fd.Composition()
+    >>> with c.scope():
+    ...     y = (fd.Vector(2) >> fd.FC(1, activation=None) >> fd.Function(lambda v: v[:, 0])).reads(c.input[0])
+    ...     error = fd.Function(jnp.subtract).reads(y, fd.Scalar().reads(c.input[1]))
+    ...     _ = fd.Metric("loss").reads(fd.Function(jnp.square).reads(error))
+    ...     _ = c.output.reads(y)
+    >>> data = [([x, 1.0], 3.0 * x - 1.0) for x in jnp.linspace(-1, 1, 64).tolist()]
+    >>> trainer = fd.Trainer(fd.Compiler.create(c), optax.adam(0.1), batch_size=16, progress=False)
+    >>> run = trainer.fit(data, epochs=30, dev=data)
+    >>> run.best["dev_loss"] < 1e-3
+    True
+    >>> trainer.predict(run.best_params, data[:2]).shape
+    (2,)
 """
 
 from __future__ import annotations

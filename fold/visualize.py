@@ -8,10 +8,11 @@ declaration: the recursion. Needs the ``graphviz`` package; the graph's ``source
 and rendering it (inline SVG in a notebook, ``graph.render(...)``) needs Graphviz's ``dot``
 program.
 
->>> import fold as fd
->>> graph = fd.visualize(fd.Map(fd.Scalar()) >> fd.Sum())
->>> [line.strip() for line in graph.source.splitlines()[3:5]]
-['b0 [label="Pipe\\nobj → float32"]', 'b1 [label="Map\\nobj → [float32]"]']
+Examples:
+    >>> import fold as fd
+    >>> graph = fd.visualize(fd.Map(fd.Scalar()) >> fd.Sum())
+    >>> [line.strip() for line in graph.source.splitlines()[3:5]]
+    ['b0 [label="Pipe\\nobj → float32"]', 'b1 [label="Map\\nobj → [float32]"]']
 """
 
 from __future__ import annotations

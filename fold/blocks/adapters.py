@@ -10,13 +10,14 @@ you want), or made by its own ``init`` from the compiler's key (Flax Linen). Onl
 parameters train: NNX state that is not an ``nnx.Param`` (batch statistics, RNG counters) and
 Equinox fields that are not floating-point arrays stay as they were built.
 
->>> import fold as fd, jax, jax.numpy as jnp
->>> def init(key, input_type):
-...     return {"w": jax.random.normal(key, (input_type.shape[0], 2))}
->>> layer = fd.Layer.from_pure(init, lambda p, x: jnp.tanh(x @ p["w"]), name="proj")
->>> compiler = fd.Compiler.create(fd.Vector(3) >> layer)
->>> compiler.init(jax.random.key(0))["proj"]["w"].shape
-(3, 2)
+Examples:
+    >>> import fold as fd, jax, jax.numpy as jnp
+    >>> def init(key, input_type):
+    ...     return {"w": jax.random.normal(key, (input_type.shape[0], 2))}
+    >>> layer = fd.Layer.from_pure(init, lambda p, x: jnp.tanh(x @ p["w"]), name="proj")
+    >>> compiler = fd.Compiler.create(fd.Vector(3) >> layer)
+    >>> compiler.init(jax.random.key(0))["proj"]["w"].shape
+    (3, 2)
 """
 
 from __future__ import annotations

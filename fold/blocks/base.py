@@ -148,14 +148,13 @@ class Block(metaclass=_BlockMeta):
     def __str__(self) -> str:
         """The block tree, one block a line with its types (``print(model)``).
 
-        >>> import fold as fd
-        >>> print(fd.Map(fd.Scalar()) >> fd.Sum())
-        Pipe: PyObjectType() -> TensorType((), 'float32')
-          Map: PyObjectType() -> SequenceType(TensorType((), 'float32'))
-            Scalar: PyObjectType() -> TensorType((), 'float32')
-          Sum: SequenceType(TensorType((), 'float32')) -> TensorType((), 'float32')
-            Function(add): TupleType(TensorType((), 'float32'), TensorType((), 'float32')) -> TensorType((), 'float32')
-            Zeros: VoidType() -> TensorType((), 'float32')
+        Examples:
+            >>> import fold as fd
+            >>> print(fd.Map(fd.Scalar()) >> fd.Length())
+            Pipe: PyObjectType() -> TensorType((), 'float32')
+              Map: PyObjectType() -> SequenceType(TensorType((), 'float32'))
+                Scalar: PyObjectType() -> TensorType((), 'float32')
+              Length: SequenceType(TensorType((), 'float32')) -> TensorType((), 'float32')
         """
         lines: list[str] = []
         seen: set[int] = set()
@@ -321,12 +320,15 @@ class Block(metaclass=_BlockMeta):
           The output as host values (see above).
 
         Raises:
-          As ``Compiler.build_batch`` for a malformed example, and as
-          ``Compiler.create`` for a block whose types do not check.
+          KeyError, TypeError, ValueError, OverflowError: a malformed example,
+            as ``Compiler.build_batch`` raises it.
+          TypeError: the block's types do not check, as ``Compiler.create``
+            raises it.
 
-        >>> import fold as fd
-        >>> float(fd.Scalar().eval(3))
-        3.0
+        Examples:
+            >>> import fold as fd
+            >>> float(fd.Scalar().eval(3))
+            3.0
         """
         return self._compiler_for_eval().eval_one(example, params)
 

@@ -1,13 +1,14 @@
 """``Composition``: blocks wired into an arbitrary DAG with ``reads``.
 
->>> import fold as fd
->>> c = fd.Composition()
->>> with c.scope():
-...     x = fd.Scalar().reads(c.input)
-...     y = fd.Function(lambda a, b: a * b).reads(x, x)
-...     _ = c.output.reads(y)
->>> float(c.eval(3))
-9.0
+Examples:
+    >>> import fold as fd
+    >>> c = fd.Composition()
+    >>> with c.scope():
+    ...     x = fd.Scalar().reads(c.input)
+    ...     y = fd.Function(lambda a, b: a * b).reads(x, x)
+    ...     _ = c.output.reads(y)
+    >>> float(c.eval(3))
+    9.0
 """
 
 from __future__ import annotations

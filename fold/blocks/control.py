@@ -131,14 +131,15 @@ class ForwardDeclaration(Block):
     Call the declaration (``decl()``) to get a reference block, use the
     references to build the model, then ``decl.resolve_to(model)``.
 
-    >>> import fold as fd
-    >>> decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
-    >>> leaf = fd.Scalar()
-    >>> pair = fd.Record((decl(), decl())) >> fd.Function(lambda a, b: a + b)
-    >>> tree = fd.OneOf(lambda x: isinstance(x, tuple), {False: leaf, True: pair})
-    >>> decl.resolve_to(tree)
-    >>> float(tree.eval((1, (2, 3))))
-    6.0
+    Examples:
+        >>> import fold as fd
+        >>> decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+        >>> leaf = fd.Scalar()
+        >>> pair = fd.Record((decl(), decl())) >> fd.Function(lambda a, b: a + b)
+        >>> tree = fd.OneOf(lambda x: isinstance(x, tuple), {False: leaf, True: pair})
+        >>> decl.resolve_to(tree)
+        >>> float(tree.eval((1, (2, 3))))
+        6.0
     """
 
     _scoped = False
@@ -233,12 +234,13 @@ class Metric(Block):
     Python object (a node id, a word): ``batch.metric_labels[name]`` then
     holds the labels in the order of ``result.metrics[name].values``.
 
-    >>> import fold as fd, jax
-    >>> block = fd.Map(fd.Record((fd.Scalar(), fd.Identity())) >> fd.Metric("bar")) >> fd.Void()
-    >>> compiler = fd.Compiler.create(block)
-    >>> batch = compiler.build_batch([[(0, "zero"), (1, "one")], [(2, "two")]])
-    >>> batch.metric_labels["bar"], compiler.apply({}, batch).metrics["bar"].values.tolist()
-    (['zero', 'one', 'two'], [0.0, 1.0, 2.0])
+    Examples:
+        >>> import fold as fd, jax
+        >>> block = fd.Map(fd.Record((fd.Scalar(), fd.Identity())) >> fd.Metric("bar")) >> fd.Void()
+        >>> compiler = fd.Compiler.create(block)
+        >>> batch = compiler.build_batch([[(0, "zero"), (1, "one")], [(2, "two")]])
+        >>> batch.metric_labels["bar"], compiler.apply({}, batch).metrics["bar"].values.tolist()
+        (['zero', 'one', 'two'], [0.0, 1.0, 2.0])
     """
 
     _leaf = True

@@ -142,9 +142,10 @@ def _scalar(x: int | float, ttype: TensorType) -> np.ndarray | np.generic:
 class Tensor(Block):
     """Converts its (Python) input to a tensor of ``shape`` and ``dtype``.
 
-    >>> import fold as fd
-    >>> fd.Tensor((2,)).eval([1, 2])
-    array([1., 2.], dtype=float32)
+    Examples:
+        >>> import fold as fd
+        >>> fd.Tensor((2,)).eval([1, 2])
+        array([1., 2.], dtype=float32)
     """
 
     _leaf = True

@@ -4,15 +4,16 @@ A layer has a ``name`` (its key in ``params``), ``init(key, input_type)``
 returning its parameters and ``apply(params, *inputs)`` on batched arrays.
 A layer object used in several places shares one set of parameters.
 
->>> import fold as fd, jax
->>> class Scale(fd.Layer):
-...     def init(self, key, input_type):
-...         return {"s": jax.numpy.ones(input_type.shape, input_type.dtype)}
-...     def apply(self, params, x):
-...         return params["s"] * x
->>> model = fd.Vector(2) >> Scale()
->>> fd.Compiler.create(model).init(jax.random.key(0))["scale"]["s"].shape
-(2,)
+Examples:
+    >>> import fold as fd, jax
+    >>> class Scale(fd.Layer):
+    ...     def init(self, key, input_type):
+    ...         return {"s": jax.numpy.ones(input_type.shape, input_type.dtype)}
+    ...     def apply(self, params, x):
+    ...         return params["s"] * x
+    >>> model = fd.Vector(2) >> Scale()
+    >>> fd.Compiler.create(model).init(jax.random.key(0))["scale"]["s"].shape
+    (2,)
 """
 
 from __future__ import annotations
@@ -169,12 +170,13 @@ class FC(Layer):
     (rows of one batched call come from different examples), as layer
     normalisation does and batch normalisation does not.
 
-    >>> import fold as fd, jax
-    >>> fc = fd.FC(3, input_keep_prob=0.8, name="dense")
-    >>> compiler = fd.Compiler.create(fd.Vector(2) >> fc)
-    >>> params = compiler.init(jax.random.key(0))
-    >>> fc.output_size, fc.weights(params).shape, fc.bias(params).shape
-    (3, (2, 3), (3,))
+    Examples:
+        >>> import fold as fd, jax
+        >>> fc = fd.FC(3, input_keep_prob=0.8, name="dense")
+        >>> compiler = fd.Compiler.create(fd.Vector(2) >> fc)
+        >>> params = compiler.init(jax.random.key(0))
+        >>> fc.output_size, fc.weights(params).shape, fc.bias(params).shape
+        (3, (2, 3), (3,))
     """
 
     def __init__(self, num_units_out: int, activation: Callable | str | None = "relu",
@@ -331,16 +333,17 @@ class Dropout(Layer):
     by ``1 / (1 - rate)``, so evaluation (no key) is the identity. It has no
     parameters (its entry in ``params`` is an empty dict).
 
-    >>> import fold as fd, jax
-    >>> model = fd.Vector(1000) >> fd.Dropout(0.5)
-    >>> compiler = fd.Compiler.create(model)
-    >>> params = compiler.init(jax.random.key(0))
-    >>> batch = compiler.build_batch([[1.0] * 1000])
-    >>> compiler.apply(params, batch).outputs.sum().item()  # no key: identity
-    1000.0
-    >>> out = compiler.apply(params, batch, key=jax.random.key(1)).outputs
-    >>> sorted(set(out.ravel().tolist()))
-    [0.0, 2.0]
+    Examples:
+        >>> import fold as fd, jax
+        >>> model = fd.Vector(1000) >> fd.Dropout(0.5)
+        >>> compiler = fd.Compiler.create(model)
+        >>> params = compiler.init(jax.random.key(0))
+        >>> batch = compiler.build_batch([[1.0] * 1000])
+        >>> compiler.apply(params, batch).outputs.sum().item()  # no key: identity
+        1000.0
+        >>> out = compiler.apply(params, batch, key=jax.random.key(1)).outputs
+        >>> sorted(set(out.ravel().tolist()))
+        [0.0, 2.0]
     """
 
     stochastic = True

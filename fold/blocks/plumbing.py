@@ -34,9 +34,10 @@ def _short(x: Any, limit: int = 60) -> str:
 class Pipe(Block):
     """``Pipe(a, b, c)`` is ``a >> b >> c``: feeds each block's output to the next.
 
-    >>> import fold as fd
-    >>> float((fd.Scalar() >> fd.Function(lambda x: 2 * x)).eval(3))
-    6.0
+    Examples:
+        >>> import fold as fd
+        >>> float((fd.Scalar() >> fd.Function(lambda x: 2 * x)).eval(3))
+        6.0
     """
 
     def __init__(self, *blocks: Any, name: str | None = None):
@@ -270,9 +271,10 @@ def unify_type(block: Block, out: Type) -> None:
 class Slice(Block):
     """Python slicing of a sequence, tuple or PyObject: ``x[start:stop:step]``.
 
-    >>> import fold as fd
-    >>> [float(v) for v in (fd.Map(fd.Scalar()) >> fd.Slice(step=-1)).eval([1, 2, 3])]
-    [3.0, 2.0, 1.0]
+    Examples:
+        >>> import fold as fd
+        >>> [float(v) for v in (fd.Map(fd.Scalar()) >> fd.Slice(step=-1)).eval([1, 2, 3])]
+        [3.0, 2.0, 1.0]
     """
 
     _leaf = True

@@ -5,12 +5,13 @@ Python numbers, strings and bytes (their default when unset), repeated fields li
 dicts, submessages dicts (None when unset), and enum values dicts ``{"name", "index",
 "number"}``. Needs the ``protobuf`` package (``pip install "fold-jax[protobuf]"``), imported when used.
 
->>> import fold as fd
->>> from google.protobuf import descriptor_pb2
->>> field = descriptor_pb2.FieldDescriptorProto(name="x", number=3, type=2)
->>> tree = fd.ProtoMessageToTree().eval(field)
->>> tree["name"], tree["number"], tree["type"]
-('x', 3, {'name': 'TYPE_FLOAT', 'index': 1, 'number': 2})
+Examples:
+    >>> import fold as fd
+    >>> from google.protobuf import descriptor_pb2
+    >>> field = descriptor_pb2.FieldDescriptorProto(name="x", number=3, type=2)
+    >>> tree = fd.ProtoMessageToTree().eval(field)
+    >>> tree["name"], tree["number"], tree["type"]
+    ('x', 3, {'name': 'TYPE_FLOAT', 'index': 1, 'number': 2})
 """
 
 from __future__ import annotations

@@ -77,9 +77,10 @@ def _finite(block: Block, t: Type) -> None:
 class Map(Block):
     """Applies ``elem_block`` to every element: ``[f(x) for x in xs]``.
 
-    >>> import fold as fd
-    >>> [float(v) for v in fd.Map(fd.Scalar()).eval([1, 2])]
-    [1.0, 2.0]
+    Examples:
+        >>> import fold as fd
+        >>> [float(v) for v in fd.Map(fd.Scalar()).eval([1, 2])]
+        [1.0, 2.0]
     """
 
     def __init__(self, elem_block: Any, name: str | None = None):

@@ -124,9 +124,10 @@ class Function(Block):
     input is passed as positional arguments. The output type is inferred
     with ``jax.eval_shape``.
 
-    >>> import fold as fd, jax.numpy as jnp
-    >>> (fd.Vector(2) >> fd.Function(jnp.tanh)).output_type
-    TensorType((2,), 'float32')
+    Examples:
+        >>> import fold as fd, jax.numpy as jnp
+        >>> (fd.Vector(2) >> fd.Function(jnp.tanh)).output_type
+        TensorType((2,), 'float32')
     """
 
     _leaf = True
@@ -228,9 +229,10 @@ class Concat(Block):
     nested tuples are flattened first; otherwise a nested tuple is a
     TypeError.
 
-    >>> import fold as fd
-    >>> (fd.Record((fd.Vector(2), fd.Scalar())) >> fd.Concat()).eval(([1, 2], 3)).tolist()
-    [1.0, 2.0, 3.0]
+    Examples:
+        >>> import fold as fd
+        >>> (fd.Record((fd.Vector(2), fd.Scalar())) >> fd.Concat()).eval(([1, 2], 3)).tolist()
+        [1.0, 2.0, 3.0]
     """
 
     _leaf = True

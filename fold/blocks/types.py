@@ -11,10 +11,11 @@ Every block has an input type and an output type, drawn from:
 
 Types are immutable, hashable and compare structurally.
 
->>> TensorType((3,)) == convert_to_type((3,))
-True
->>> TupleType(TensorType(()), PyObjectType())
-TupleType(TensorType((), 'float32'), PyObjectType())
+Examples:
+    >>> TensorType((3,)) == convert_to_type((3,))
+    True
+    >>> TupleType(TensorType(()), PyObjectType())
+    TupleType(TensorType((), 'float32'), PyObjectType())
 """
 
 from __future__ import annotations
@@ -226,9 +227,10 @@ def fold_type(t: Type, tensor: Callable[[TensorType], R], tuple_: Callable[[Tupl
     its element type)``, and PyObject and void ``other(t)``. The library's walks over types are
     this one walk.
 
-    >>> count = lambda t: fold_type(t, lambda _: 1, lambda _, items: sum(items), lambda _, e: e, lambda _: 0)
-    >>> count(TupleType(TensorType((2,)), SequenceType(TupleType(TensorType(()), VoidType()))))
-    2
+    Examples:
+        >>> count = lambda t: fold_type(t, lambda _: 1, lambda _, items: sum(items), lambda _, e: e, lambda _: 0)
+        >>> count(TupleType(TensorType((2,)), SequenceType(TupleType(TensorType(()), VoidType()))))
+        2
     """
     if isinstance(t, TensorType):
         return tensor(t)
@@ -242,8 +244,9 @@ def fold_type(t: Type, tensor: Callable[[TensorType], R], tuple_: Callable[[Tupl
 def tensor_types(t: Type | None) -> list[TensorType]:
     """Every tensor type inside ``t``, in order, including those of sequence elements.
 
-    >>> tensor_types(TupleType(TensorType((2,)), SequenceType(TensorType(()))))
-    [TensorType((2,), 'float32'), TensorType((), 'float32')]
+    Examples:
+        >>> tensor_types(TupleType(TensorType((2,)), SequenceType(TensorType(()))))
+        [TensorType((2,), 'float32'), TensorType((), 'float32')]
     """
     if t is None:
         return []
@@ -255,8 +258,9 @@ def is_tensor_tree(t: Type, empty_tuples: bool = True) -> bool:
     """Whether ``t`` is made only of tensors, tuples and voids (no sequences or PyObjects);
     ``empty_tuples=False`` also refuses empty tuples.
 
-    >>> is_tensor_tree(TupleType(TensorType(()), VoidType())), is_tensor_tree(SequenceType(TensorType(())))
-    (True, False)
+    Examples:
+        >>> is_tensor_tree(TupleType(TensorType(()), VoidType())), is_tensor_tree(SequenceType(TensorType(())))
+        (True, False)
     """
     return fold_type(t, lambda _: True, lambda tt, items: all(items) and (empty_tuples or len(items) > 0),
                      lambda *_: False, lambda leaf: isinstance(leaf, VoidType))
@@ -292,12 +296,13 @@ def convert_to_type(x: Any) -> Type:
     Fold reads a tuple of ints as a tuple of vectors; here it is a shape,
     like a list.
 
-    >>> convert_to_type([])
-    TensorType((), 'float32')
-    >>> convert_to_type(((3,), 'int32'))
-    TupleType(TensorType((3,), 'float32'), TensorType((), 'int32'))
-    >>> convert_to_type(8), convert_to_type([2, 3, 'int32'])
-    (TensorType((8,), 'float32'), TensorType((2, 3), 'int32'))
+    Examples:
+        >>> convert_to_type([])
+        TensorType((), 'float32')
+        >>> convert_to_type(((3,), 'int32'))
+        TupleType(TensorType((3,), 'float32'), TensorType((), 'int32'))
+        >>> convert_to_type(8), convert_to_type([2, 3, 'int32'])
+        (TensorType((8,), 'float32'), TensorType((2, 3), 'int32'))
     """
     if isinstance(x, Type):
         return _canonicalize(x)

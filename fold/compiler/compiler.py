@@ -1,11 +1,12 @@
 """``Compiler``: validates a block tree and runs batches of examples through it.
 
->>> import fold as fd, jax
->>> model = fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum()
->>> compiler = fd.Compiler.create(model)
->>> batch = compiler.build_batch([[1, 2], [3]])
->>> compiler.apply(compiler.init(jax.random.key(0)), batch).outputs.tolist()
-[6.0, 6.0]
+Examples:
+    >>> import fold as fd, jax
+    >>> model = fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum()
+    >>> compiler = fd.Compiler.create(model)
+    >>> batch = compiler.build_batch([[1, 2], [3]])
+    >>> compiler.apply(compiler.init(jax.random.key(0)), batch).outputs.tolist()
+    [6.0, 6.0]
 """
 
 from __future__ import annotations
@@ -374,7 +375,9 @@ class Compiler:
           ``batches``.
 
         Raises:
-          As ``build_batch``, for the first malformed example.
+          KeyError, TypeError, ValueError, OverflowError: the first malformed
+            example, as ``build_batch`` raises it (its index and block path in
+            the message).
 
         Example::
 
@@ -430,8 +433,9 @@ class Compiler:
 
         Raises:
           ValueError: ``batch_size <= 0`` or ``num_workers < 0``.
-          As ``build_batch``, for a malformed example (naming its index in
-            ``examples``); RuntimeError if a worker dies.
+          KeyError, TypeError, ValueError, OverflowError: a malformed example,
+            as ``build_batch`` raises it, naming its index in ``examples``.
+          RuntimeError: a worker process died.
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -564,15 +568,16 @@ class Compiler:
         """What the model is made of: its layers with their parameters' shapes and counts, its
         operations (each batched across a whole batch) with their types, and its arena types.
 
-        >>> import fold as fd
-        >>> print(fd.Compiler.create(fd.Map(fd.Vector(2) >> fd.FC(3, name="dense")) >> fd.Max()).summary())
-        root Pipe: PyObjectType() -> TensorType((3,), 'float32')
-        layers (9 parameters):
-          dense  FC  takes TensorType((2,), 'float32')  b (3,), w (2, 3)  9
-        operations (2; one batched call per depth each):
-          0  Function(FC)       TensorType((2,), 'float32') -> TensorType((3,), 'float32')
-          1  Function(maximum)  TupleType(TensorType((3,), 'float32'), TensorType((3,), 'float32')) -> ...
-        tensor types (arenas): TensorType((3,), 'float32'), TensorType((2,), 'float32')
+        Examples:
+            >>> import fold as fd
+            >>> print(fd.Compiler.create(fd.Map(fd.Vector(2) >> fd.FC(3, name="dense")) >> fd.Max()).summary())
+            root Pipe: PyObjectType() -> TensorType((3,), 'float32')
+            layers (9 parameters):
+              dense  FC  takes TensorType((2,), 'float32')  b (3,), w (2, 3)  9
+            operations (2; one batched call per depth each):
+              0  Function(FC)       TensorType((2,), 'float32') -> TensorType((3,), 'float32')
+              1  Function(maximum)  TupleType(TensorType((3,), 'float32'), TensorType((3,), 'float32')) -> ...
+            tensor types (arenas): TensorType((3,), 'float32'), TensorType((2,), 'float32')
         """
         p = self.program
         structs = self._param_structs

@@ -6,12 +6,13 @@ calls which operation, the layers and metrics, and the host plan. It is frozen
 once built; ``Compiler`` holds one next to the per-run state (layouts handed
 out, statistics, worker processes, jitted functions).
 
->>> import fold as fd
->>> program = build_program(fd.Map(fd.Vector(2) >> fd.FC(4)) >> fd.Sum())
->>> program.types
-(TensorType((4,), 'float32'), TensorType((2,), 'float32'))
->>> [op.spec.label for op in program.ops], sorted(program.layers)
-(['Function(FC)', 'Function(add)'], ['fc'])
+Examples:
+    >>> import fold as fd
+    >>> program = build_program(fd.Map(fd.Vector(2) >> fd.FC(4)) >> fd.Sum())
+    >>> program.types
+    (TensorType((4,), 'float32'), TensorType((2,), 'float32'))
+    >>> [op.spec.label for op in program.ops], sorted(program.layers)
+    (['Function(FC)', 'Function(add)'], ['fc'])
 """
 
 from __future__ import annotations

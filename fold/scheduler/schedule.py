@@ -97,12 +97,13 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int,
     at most ``TINY_BATCH`` examples (or when no other was given): elsewhere they gain little,
     and a stream whose batches took different ``C`` would compile once per ``C``.
 
-    >>> pick_chunk(np.array([4096, 2048, 1024]), (32, 128, 512), 16384)  # large groups: full items
-    512
-    >>> pick_chunk(np.array([600, 300, 120, 40, 9, 3]), (32, 128, 512), 16384)  # an SST batch
-    128
-    >>> pick_chunk(np.array([40, 20, 10, 5, 2, 1]), (32, 128, 512), 256)  # one small tree
-    32
+    Examples:
+        >>> pick_chunk(np.array([4096, 2048, 1024]), (32, 128, 512), 16384)  # large groups: full items
+        512
+        >>> pick_chunk(np.array([600, 300, 120, 40, 9, 3]), (32, 128, 512), 16384)  # an SST batch
+        128
+        >>> pick_chunk(np.array([40, 20, 10, 5, 2, 1]), (32, 128, 512), 256)  # one small tree
+        32
     """
     if (size_class > TINY_SIZE_CLASS or num_examples > TINY_BATCH) and chunks[-1] >= SMALL_CHUNK:
         chunks = tuple(c for c in chunks if c >= SMALL_CHUNK)
