@@ -60,6 +60,7 @@ from fold.checkpoint import load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.stats import CompilerStats
+from fold.schedule_plot import plot_schedule, schedule_profile
 from fold.scheduler.batch import Batch, BatchLayout, BatchStats
 from fold.scheduler.records import RecordedExamples
 from fold.trainer import FitResult, Trainer, TrainState
@@ -75,6 +76,6 @@ __all__ = [
     "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
     "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree", "Slice",
     "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void", "VoidType",
-    "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "save_checkpoint",
-    "visualize",
+    "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "plot_schedule",
+    "schedule_profile", "save_checkpoint", "visualize",
 ]

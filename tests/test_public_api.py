@@ -16,7 +16,7 @@ PUBLIC = [
     "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
     "Slice", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void",
     "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint",
-    "save_checkpoint", "visualize",
+    "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
 ]
 
 

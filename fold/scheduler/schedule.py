@@ -37,7 +37,7 @@ from fold.scheduler.builder import Recorded
 if TYPE_CHECKING:
     from fold.compiler.program import Program
 
-__all__ = ["check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes",
+__all__ = ["check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes", "profile", "GroupProfile",
            "piece_rows", "padded_rows", "MIN_ITEM", "PIECES"]
 
 MIN_ITEM = 8
@@ -203,6 +203,33 @@ def _depths(program: Program, rec: Recorded) -> tuple[np.ndarray, int]:
     tail = dist >= 0
     loop_depth = int(rec.n_depth[~tail].max(initial=1))
     return np.where(tail, loop_depth + 1 + TAIL_DEPTH - dist, rec.n_depth), loop_depth
+
+
+class GroupProfile(NamedTuple):
+    """One group of a batch's schedule: an operation's nodes at one depth (``profile``)."""
+
+    stage: str         # "hoisted" (before the loop), "loop" or "tail" (after it)
+    depth: int         # its depth in the schedule (tail groups come after the loop's deepest)
+    op: int            # its operation's index in ``program.ops``
+    rows: int          # its nodes (one row each)
+    computed: int      # rows the executor computes for it (items and groups padded, exact layout)
+
+
+def profile(program: Program, rec: Recorded, chunk: int) -> list[GroupProfile]:
+    """The groups of the schedule ``rec`` gets with ``C = chunk``, in the order they run."""
+    n_depth, loop_depth = _depths(program, rec)
+    groups = _sort(rec.n_op, n_depth, loop_depth)
+    out = []
+    for looped, depth, op, n in zip(_in_loop(groups).tolist(), groups.g_depth.tolist(), groups.g_op.tolist(),
+                                    groups.g_count.tolist()):
+        if looped:  # as _items pads them: C-row items, the last one to padded_rows
+            full, rest = divmod(n, chunk)
+            computed = full * chunk + (padded_rows(rest) if rest else 0)
+        else:  # as the layout pads hoisted and tail groups
+            computed = padded_rows(n)
+        stage = "loop" if looped else "hoisted" if depth == 1 else "tail"
+        out.append(GroupProfile(stage, int(depth), int(op), int(n), computed))
+    return out
 
 
 def _sort(n_op: np.ndarray, n_depth: np.ndarray, loop_depth: int) -> _Groups:

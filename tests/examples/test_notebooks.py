@@ -52,7 +52,7 @@ def _run(name: str) -> tuple[nbformat.NotebookNode, str]:
 
 def test_quick_start_notebook():
     nb, text = _run("quick_start.ipynb")
-    assert len(_figures(nb)) == 1, "the learning curve is plotted"
+    assert len(_figures(nb)) == 2, "the schedule and the learning curve are plotted"
     assert "ForwardDeclaration" in text  # print(model)
     assert "type mismatch" in text
     losses = [float(line.split("loss")[1]) for line in text.splitlines() if line.startswith("epoch")]

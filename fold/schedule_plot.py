@@ -1,0 +1,81 @@
+"""``plot_schedule(compiler, examples)``: a batch's schedule as a bar chart, for notebooks and docs.
+
+One bar per step of the schedule (a depth; hoisted groups run first, tail groups after the loop),
+stacked by operation: the solid part is the group's nodes (one row each), the hatched part the
+padding the executor computes on top (loop items are padded to their item size, hoisted and tail
+groups to a power of two). It shows where a batch's work goes: how wide each depth is, which
+operations dominate, and what padding costs. Needs matplotlib.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fold.compiler.compiler import Compiler
+from fold.scheduler.builder import run_examples
+from fold.scheduler.schedule import GroupProfile, profile
+
+__all__ = ["plot_schedule", "schedule_profile"]
+
+
+def schedule_profile(compiler: Compiler, examples: Iterable[Any]) -> tuple[list[GroupProfile], int]:
+    """The groups of the schedule ``examples`` get as one batch, in the order they run, and the
+    ``C`` the compiler picks for it.
+
+    Returns:
+      ``([GroupProfile(stage, depth, op, rows, computed), ...], C)``; ``op`` indexes
+      ``compiler.program.ops``.
+    """
+    examples = list(examples)
+    chunk = compiler.build_batch(examples, exact_layout=True).layout.chunk
+    builder, _ = run_examples(compiler.program, examples)
+    return profile(compiler.program, builder.arrays(), chunk), chunk
+
+
+def plot_schedule(compiler: Compiler, examples: Iterable[Any], ax: Any = None) -> Any:
+    """Draws the schedule of ``examples`` as one batch (see the module docstring).
+
+    Args:
+      compiler: the compiled model.
+      examples: the batch's examples.
+      ax: a matplotlib ``Axes`` to draw on (default: a new figure's).
+
+    Returns:
+      The ``Axes``.
+
+    Raises:
+      ImportError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("fd.plot_schedule needs matplotlib: pip install matplotlib") from e
+    examples = list(examples)
+    groups, chunk = schedule_profile(compiler, examples)
+    own_figure = ax is None
+    if own_figure:
+        _, ax = plt.subplots(figsize=(8, 3.5))
+    steps = sorted({(g.depth, g.stage) for g in groups})
+    x_of = {step: i for i, step in enumerate(steps)}
+    ops = sorted({g.op for g in groups})
+    colors = {op: plt.get_cmap("tab10")(i % 10) for i, op in enumerate(ops)}
+    bottom = [0] * len(steps)
+    for g in groups:
+        x = x_of[(g.depth, g.stage)]
+        ax.bar(x, g.rows, bottom=bottom[x], color=colors[g.op], edgecolor="white", linewidth=0.3)
+        ax.bar(x, g.computed - g.rows, bottom=bottom[x] + g.rows, color=colors[g.op], alpha=0.35, hatch="//",
+               edgecolor="white", linewidth=0.3)
+        bottom[x] += g.computed
+    for op in ops:
+        ax.bar(0, 0, color=colors[op], label=f"{op}: {compiler.program.ops[op].spec.label}")
+    ax.bar(0, 0, color="grey", alpha=0.35, hatch="//", label="padding")
+    ax.set_xticks(range(len(steps)), [f"{d}" if s == "loop" else f"{d}\n{s}" for d, s in steps])
+    ax.set_xlabel("depth (one batched call per operation)")
+    ax.set_ylabel("rows")
+    nodes, computed = sum(g.rows for g in groups), sum(g.computed for g in groups)
+    ax.set_title(f"{len(examples)} examples: {nodes:,} nodes, {computed:,} rows computed (C = {chunk})")
+    ax.legend(fontsize="small", loc="upper right")
+    if own_figure:
+        ax.figure.tight_layout()
+    return ax
