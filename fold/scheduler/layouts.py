@@ -102,8 +102,12 @@ def fits(need: BatchLayout, have: BatchLayout, max_growth: int | None = MAX_GROW
         return False
     if any(n > h for n, h in zip(need.arena_rows, have.arena_rows)):
         return False
-    saved = _saved_of(have)
-    if any(rows > saved[o] for o, rows in _saved_of(need).items()):
+    # An operation saves exactly where its layout gives it rows, and a batch's items need as many
+    # as its own layout gives them: a layout may not make a batch save an operation it does not.
+    saved, need_saved = _saved_of(have), _saved_of(need)
+    if any(rows > saved[o] for o, rows in need_saved.items()):
+        return False
+    if any(saved.get(o) and not need_saved.get(o) for o in need.loop_ops):
         return False
     return (_embed(need.hoist_ops, need.hoist_sizes, have.hoist_ops, have.hoist_sizes) is not None
             and _embed(need.tail_ops, need.tail_sizes, have.tail_ops, have.tail_sizes) is not None)
@@ -284,8 +288,9 @@ class LayoutPolicy:
             stats = [b.built_stats() for b in members]
             A = max(joined.size_class, next_pow2(_bound([max(s.rows, s.num_nodes) for s in stats])))
 
-            def bounded(have: tuple, needs: Sequence[Any]) -> tuple:
-                rows = [padded_rows(_bound(n)) for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
+            def bounded(have: tuple, needs: Sequence[Any], keep_zeros: bool = False) -> tuple:
+                rows = [padded_rows(_bound(n)) if n.any() or not keep_zeros else 0
+                        for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
                 return tuple(max(h, min(A, r)) for h, r in zip(have, rows))
 
             saved = [[_saved_of(b.layout).get(o, 0) for o in joined.loop_ops] for b in members]
@@ -298,7 +303,8 @@ class LayoutPolicy:
                 tail_sizes=bounded(joined.tail_sizes, [_group_rows(b.arrays.tail, b.layout.tail_ops,
                                                                    b.layout.tail_sizes, joined.tail_ops,
                                                                    joined.tail_sizes) for b in members]),
-                saved_rows=bounded(joined.saved_rows, saved) if joined.saved_rows else ())
+                # An operation no member saves gets no rows: rows would make it save (``fits``).
+                saved_rows=bounded(joined.saved_rows, saved, keep_zeros=True) if joined.saved_rows else ())
             self._hand_out(layout, f"planned from {len(members)} of the batches ahead")
 
     def assign(self, batch: Batch) -> Batch:
