@@ -200,6 +200,13 @@ def pad_to(batch: Batch, layout: BatchLayout, type_shapes: Sequence[tuple[tuple,
         return batch
     if not fits(need, layout, max_growth=None):
         raise ValueError(f"a batch of layout {need} does not fit {layout}")
+    if layout.saved_rows and batch.stats is not None:
+        # Items write past a region too small for them without an error on the device (the write
+        # is clamped into the buffer), so check what they need here, on the host.
+        have = _saved_of(layout)
+        for o, rows in zip(need.loop_ops, batch.stats.saved_rows):
+            if have.get(o) and rows > have[o]:
+                raise ValueError(f"operation {o}'s loop items save {rows} rows, more than the {have[o]} of {layout}")
     A, C = layout.size_class, layout.chunk
     n_sizes = len(item_sizes(C))
     position = np.asarray([layout.loop_ops.index(o) for o in need.loop_ops] or [0], np.int32)

@@ -204,6 +204,16 @@ def test_a_layout_never_makes_a_batch_save_an_operation_it_does_not():
         assert layout.saved_rows[_named(compiler, layout, "wide")] > 0
     saving_it = own._replace(saved_rows=tuple(8 if q == narrow else r for q, r in enumerate(own.saved_rows)))
     assert fits(own, own, None) and not fits(own, saving_it, None)
+    # A layout whose region is smaller than what the items save is refused on the host, even if
+    # the batch's own layout claimed it fits (the device would clamp the writes silently).
+    batch = compiler._saving.decide(compiler._build_batch(examples[:6]))
+    need = batch.built_stats().saved_rows[wide]
+    short = batch.replace(layout=own._replace(saved_rows=tuple(8 if q == wide else r
+                                                               for q, r in enumerate(own.saved_rows))))
+    target = own._replace(size_class=2 * own.size_class,
+                          saved_rows=tuple(8 if q == wide else r for q, r in enumerate(own.saved_rows)))
+    with pytest.raises(ValueError, match=f"loop items save {need} rows, more than the 8"):
+        pad_to(short, target, _shapes(compiler))
 
 
 def test_mixed_saving_gradients_in_a_stream_equal_the_per_example_reference():
