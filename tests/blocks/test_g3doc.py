@@ -1,13 +1,14 @@
-"""TensorFlow Fold's own g3doc examples (blocks.md and types.md) and its calculator model
-(blocks/examples/calculator/model.py), run as written there with ``td.`` -> ``fd.`` and TensorFlow
-layers and ops replaced by this library's and JAX's (``ScopedLayer(BasicLSTMCell(n))`` ->
-``LSTMCell(n)``, ``tf.nn.sigmoid`` -> ``jax.nn.sigmoid``), each checked against a NumPy reference
-where it computes something.
+"""TensorFlow Fold's own g3doc examples (blocks.md and types.md) and its calculator and sentiment
+models (blocks/examples/calculator/model.py, blocks/examples/sentiment/sentiment.py), run as written
+there with ``td.`` -> ``fd.`` and TensorFlow layers and ops replaced by this library's and JAX's
+(``ScopedLayer(BasicLSTMCell(n))`` -> ``LSTMCell(n)``, ``tf.nn.sigmoid`` -> ``jax.nn.sigmoid``),
+each checked against a NumPy or per-example JAX reference where it computes something.
 
-Not ported: Fold's sentiment example (blocks/examples/sentiment/sentiment.py) as written: it
-subclasses TensorFlow's ``BasicLSTMCell`` and wraps it in ``DropoutWrapper``, where this library
-has ``BinaryTreeLSTMCell(recurrent_dropout=...)``; ``examples/tree_lstm_sst.py`` is the same model
-in this library's terms."""
+The sentiment model's other changes, each marked where it is made: its TensorFlow cell subclass
+and ``DropoutWrapper`` are ``BinaryTreeLSTMCell(recurrent_dropout=...)``, whose ``state_type``
+replaces ``state_size``; ``Embedding.num_units_out`` replaces ``output_type.shape[0]``; labels
+are parsed with ``int`` (Fold's ``Scalar`` read the string ``'2'``, here a string is not a
+number); nltk's ``sexpr_tokenize`` is written out; hits are float32 (JAX's default)."""
 
 from __future__ import annotations
 
@@ -320,3 +321,175 @@ def optax_softmax_cross_entropy(logits, labels):
     import optax
 
     return optax.softmax_cross_entropy(logits, labels)
+
+
+# --- Fold's sentiment example (blocks/examples/sentiment/sentiment.py) --------------------------
+
+NUM_CLASSES = 5
+
+
+def sexpr_tokenize(s):
+    """nltk's ``sexpr_tokenize`` for the strings the example gives it: the top-level
+    parenthesised groups and words of ``s``."""
+    out, i = [], 0
+    while i < len(s):
+        if s[i].isspace():
+            i += 1
+        elif s[i] == "(":
+            depth, j = 0, i
+            while True:
+                depth += {"(": 1, ")": -1}.get(s[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+            out.append(s[i:j])
+            i = j
+        else:
+            j = i
+            while j < len(s) and not s[j].isspace() and s[j] != "(":
+                j += 1
+            out.append(s[i:j])
+            i = j
+    return out
+
+
+def tokenize(s):
+    # sexpr_tokenize can't parse 'foo bar', only '(foo) (bar)', so we
+    # use split to handle the case of a leaf (e.g. 'label word').
+    label, phrase = s[1:-1].split(None, 1)
+    return int(label), sexpr_tokenize(phrase)  # Fold's Scalar read the string '2'; here labels are ints
+
+
+def _loss(logits, labels):
+    return optax_softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def tf_binary_hits(logits, y_):
+    softmax = jax.nn.softmax(logits)
+    binary_y = (softmax[:, 3] + softmax[:, 4]) > (softmax[:, 0] + softmax[:, 1])
+    binary_y_ = y_ > 2
+    return (binary_y == binary_y_).astype(jnp.float32)
+
+
+def add_metrics(is_root, is_neutral):
+    """A block that adds metrics for loss and hits; output is the LSTM state."""
+    c = fd.Composition(name=f"predict(is_root={is_root}, is_neutral={is_neutral})")
+    with c.scope():
+        # destructure the input; (label, (logits, state))
+        y_ = c.input[0]
+        logits = fd.GetItem(0).reads(c.input[1])
+        state = fd.GetItem(1).reads(c.input[1])
+        # predict the label from the logits
+        y = fd.Function(lambda x: jnp.argmax(x, 1).astype(jnp.int32)).reads(logits)
+        # calculate loss
+        loss = fd.Function(_loss)
+        fd.Metric("all_loss").reads(loss.reads(logits, y_))
+        if is_root:
+            fd.Metric("root_loss").reads(loss)
+        # calculate hits
+        hits = fd.Function(lambda y, y_: (y == y_).astype(jnp.float32))
+        fd.Metric("all_hits").reads(hits.reads(y, y_))
+        if is_root:
+            fd.Metric("root_hits").reads(hits)
+        # calculate binary hits, if the label is not neutral
+        if not is_neutral:
+            binary_hits = fd.Function(tf_binary_hits).reads(logits, y_)
+            fd.Metric("all_binary_hits").reads(binary_hits)
+            if is_root:
+                fd.Metric("root_binary_hits").reads(binary_hits)
+        # output the state, which will be read by our by parent's LSTM cell
+        c.output.reads(state)
+    return c
+
+
+def embed_tree(logits_and_state, is_root):
+    """Creates a block that embeds trees; output is tree LSTM state."""
+    return fd.InputTransform(tokenize) >> fd.OneOf(
+        key_fn=lambda pair: pair[0] == 2,  # label 2 means neutral
+        case_blocks=(add_metrics(is_root, is_neutral=False),
+                     add_metrics(is_root, is_neutral=True)),
+        pre_block=(fd.Scalar("int32"), logits_and_state))
+
+
+def create_model(word_embedding, word_idx, lstm_num_units, keep_prob=1):
+    """Creates a sentiment model (Fold's, down to the compiler; the TensorFlow cell subclass and
+    its DropoutWrapper are this library's BinaryTreeLSTMCell)."""
+    tree_lstm = fd.BinaryTreeLSTMCell(lstm_num_units, recurrent_dropout=1 - keep_prob, name="tree_lstm")
+    state = tree_lstm.state_type  # (c, h); Fold: tree_lstm.state_size
+    output_layer = fd.FC(NUM_CLASSES, activation=None, name="output_layer")
+    embed_subtree = fd.ForwardDeclaration(output_type=state)
+    unknown_idx = len(word_idx)
+
+    def lookup_word(word):
+        return word_idx.get(word, unknown_idx)
+
+    def logits_and_state():
+        """Creates a block that goes from tokens to (logits, state) tuples."""
+        word2vec = (fd.GetItem(0) >> fd.InputTransform(lookup_word) >>
+                    fd.Scalar("int32") >> word_embedding)
+        pair2vec = (embed_subtree(), embed_subtree())
+        # Trees are binary, so the tree layer takes two states as its input_state.
+        zero_state = fd.Zeros((state,) * 2)
+        # Input is a word vector.
+        zero_inp = fd.Zeros(word_embedding.num_units_out)  # Fold: word_embedding.output_type.shape[0]
+        word_case = fd.AllOf(word2vec, zero_state)
+        pair_case = fd.AllOf(zero_inp, pair2vec)
+        tree2vec = fd.OneOf(len, [(1, word_case), (2, pair_case)])
+        return tree2vec >> tree_lstm >> (output_layer, fd.Identity())
+
+    model = embed_tree(logits_and_state(), is_root=True)
+    embed_subtree.resolve_to(embed_tree(logits_and_state(), is_root=False))
+    return fd.Compiler.create(model)
+
+
+def optax_softmax_cross_entropy_with_integer_labels(logits, labels):
+    import optax
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def test_fold_sentiment_model():
+    trees = ["(3 (2 It) (4 (4 (2 's) (4 (3 a) (4 (3 lovely) (2 film)))) (2 .)))",
+             "(1 (2 Not) (1 (2 (2 a) (1 movie)) (2 .)))",
+             "(2 Fine)"]
+    words = sorted({w for t in trees for w in re_words(t)})
+    word_idx = {w: i for i, w in enumerate(words[:-1])}  # the last word is unknown
+    table = np.random.default_rng(0).normal(size=(len(word_idx) + 1, 6)).astype(np.float32)
+    word_embedding = fd.Embedding(*table.shape, initializer=table, name="word_embedding")
+    compiler = create_model(word_embedding, word_idx, lstm_num_units=4)
+    params = compiler.init(jax.random.key(0))
+    metrics = compiler.apply(params, compiler.build_batch(trees)).metrics
+    cell = fd.BinaryTreeLSTMCell(4)
+    w, b = params["output_layer"]["w"], params["output_layer"]["b"]
+    zero = jnp.zeros((1, 4))
+    all_loss, root_loss, root_binary = [], [], []
+
+    def run(s, is_root):  # the model, one node at a time
+        label, parts = tokenize(s)
+        if len(parts) == 1:
+            x = jnp.asarray(table[word_idx.get(parts[0], len(word_idx))])[None]
+            h, state = cell.apply(params["tree_lstm"], x, ((zero, zero), (zero, zero)))
+        else:
+            left, right = run(parts[0], False), run(parts[1], False)
+            h, state = cell.apply(params["tree_lstm"], jnp.zeros((1, 6)), (left, right))
+        logits = h @ w + b
+        loss = float(_loss(logits, jnp.asarray([label]))[0])
+        all_loss.append(loss)
+        if is_root:
+            root_loss.append(loss)
+            if label != 2:
+                root_binary.append(float(tf_binary_hits(logits, jnp.asarray([label]))[0]))
+        return state
+
+    for t in trees:
+        run(t, True)
+    np.testing.assert_allclose(np.sort(np.asarray(metrics["all_loss"].values)), np.sort(all_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(metrics["root_loss"].values), root_loss, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(metrics["root_binary_hits"].values), root_binary)
+    assert len(metrics["all_hits"].values) == len(all_loss) == 11 + 7 + 1  # every node of the three trees
+
+
+def re_words(tree: str) -> list[str]:
+    import re
+
+    return re.findall(r"\(\d ([^()\s]+)\)", tree)
