@@ -1,1 +1,4 @@
 """The compiler: type checking, operations, and the executor."""
+
+# The public names are re-exported by fold/__init__.py; these modules are imported by path.
+__all__: list[str] = []
