@@ -20,7 +20,8 @@ def test_addition_problem_data():
 
 
 def test_quick_run_learns(tmp_path):
-    report = attention.main(["--quick", "--quiet", "--json", str(tmp_path / "a.json")])
+    report = attention.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path),
+                             "--json", str(tmp_path / "a.json")])
     (run,) = report["runs"]
     history = run["history"]
     assert history[-1]["train_loss"] < 0.7 * history[0]["train_loss"]

@@ -20,7 +20,7 @@ def test_generator_respects_depth_and_limits():
 
 def test_quick_run_learns(tmp_path):
     out = tmp_path / "calculator.json"
-    report = calculator.main(["--quick", "--quiet", "--json", str(out)])
+    report = calculator.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path), "--json", str(out)])
     history = report["history"]
     assert history[-1]["train_loss"] < 0.7 * history[0]["train_loss"]
     assert history[-1]["test_abs_error"] < history[0]["test_abs_error"]

@@ -31,7 +31,8 @@ def test_load_sample_and_vocabulary():
 
 
 def test_quick_run_learns(tmp_path):
-    report = sentiment_pipeline.main(["--quick", "--quiet", "--data-dir", str(SAMPLE),
+    report = sentiment_pipeline.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path),
+                                      "--data-dir", str(SAMPLE),
                                       "--json", str(tmp_path / "s.json")])
     history = report["history"]
     assert history[-1]["train_loss"] < history[0]["train_loss"]

@@ -21,7 +21,8 @@ def test_glove_loader(tmp_path):
 
 
 def test_quick_run_learns(tmp_path):
-    report = tree_lstm_sst.main(["--quick", "--quiet", "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
+    report = tree_lstm_sst.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path),
+                                 "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
     history = report["history"]
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     majority = np.mean([t[0] == 2 for t in sst.load("dev", SAMPLE)])
@@ -41,7 +42,8 @@ def test_paper_flag_selects_the_paper_variant():
 # layouts); dropout inside the loop is covered by tests/compiler/test_randomness.py.
 @pytest.mark.slow
 def test_quick_run_of_the_paper_variant_with_dropout(tmp_path):
-    report = tree_lstm_sst.main(["--quick", "--quiet", "--paper", "--data-dir", str(SAMPLE),
+    report = tree_lstm_sst.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path),
+                                 "--paper", "--data-dir", str(SAMPLE),
                                  "--json", str(tmp_path / "t.json")])
     assert report["args"]["recurrent_dropout"] == 0.25
     history = report["history"]

@@ -65,7 +65,7 @@ def test_weave_module_matches_numpy():
 
 
 def test_quick_run_learns(tmp_path):
-    report = weave.main(["--quick", "--quiet", "--json", str(tmp_path / "w.json")])
+    report = weave.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path), "--json", str(tmp_path / "w.json")])
     for name in ("weave", "atoms_only"):
         history = report["results"][name]["history"]
         assert history[-1]["train_loss"] < history[0]["train_loss"]
