@@ -471,20 +471,7 @@ def _writer(log_dir: str | pathlib.Path | None) -> Any:
     return SummaryWriter(str(log_dir))
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _bar(show: bool, **kwargs: Any) -> Any:
-    if not show:
-        return _NoBar()
     from tqdm.auto import tqdm
 
-    return tqdm(unit="step", **kwargs)
+    return tqdm(unit="step", disable=not show, **kwargs)
