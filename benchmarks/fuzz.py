@@ -10,7 +10,8 @@ nothing with the scheduler or the executor. An exception is a failure too.
 
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
 saved every ``SAVE_EVERY`` cases and on Ctrl-C, every mismatch with the seed that reproduces it:
-``python -m benchmarks.fuzz --case SEED``).
+``python -m benchmarks.fuzz --case SEED``). A long run may be done in parts: ``--resume`` continues
+the run the results file records from its next seed until it holds ``--cases`` cases.
 ``tests/test_fuzz.py`` runs a few cases drawn by ``hypothesis`` in the suite.
 """
 
@@ -23,11 +24,13 @@ import pathlib
 import re
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
 import fold as fd
 from benchmarks.common import RESULTS, machine
@@ -58,10 +61,11 @@ class Case(NamedTuple):
                    bool(rng.random() < 0.5), int(rng.integers(1, 7)), bool(rng.random() < 0.15))
 
 
-def compare(compiler: fd.Compiler, params: dict, batch: fd.Batch, reference: Any, examples: list,
-            where: str, seed: int = 0) -> None:
-    """Asserts that ``batch``'s outputs and the gradients of a loss on them equal ``reference``'s,
-    evaluated on ``examples`` (the batch's examples, in order) one at a time."""
+def comparer(compiler: fd.Compiler, reference: Any, seed: int = 0) -> Callable[..., None]:
+    """``compare(params, batch, examples, where)`` asserts that ``batch``'s outputs and the
+    gradients of a loss on them equal ``reference``'s, evaluated on ``examples`` (the batch's
+    examples, in order) one at a time. The batched step is jitted once per compiler, so batches
+    that share a layout share its compilation, as in training."""
     weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.program.output_type.shape), jnp.float32)
 
     def loss(out: jax.Array) -> jax.Array:
@@ -71,14 +75,23 @@ def compare(compiler: fd.Compiler, params: dict, batch: fd.Batch, reference: Any
         out = compiler.apply(p, b).outputs
         return loss(out), out
 
-    grads, out = jax.jit(jax.grad(batched, has_aux=True))(params, batch)
-    expected = jnp.stack([reference(params, e) for e in examples])
-    expected_grads = jax.grad(lambda p: sum(loss(reference(p, e)) for e in examples))(params)
-    np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL, err_msg=where)
-    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected_grads), where
-    for (path, g), ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(expected_grads)):
-        np.testing.assert_allclose(g, ref, rtol=GRAD_RTOL, atol=GRAD_ATOL,
-                                   err_msg=f"{where}: {jax.tree_util.keystr(path)}")
+    def unbatched(p: dict, examples: list) -> tuple:
+        out = [reference(p, e) for e in examples]
+        return sum(loss(o) for o in out), jnp.stack(out)
+
+    step = jax.jit(jax.grad(batched, has_aux=True))
+
+    def compare(params: dict, batch: fd.Batch, examples: list, where: str) -> None:
+        grads, out = step(params, batch)
+        expected_grads, expected = jax.grad(unbatched, has_aux=True)(params, examples)
+        np.testing.assert_allclose(out, expected, rtol=RTOL, atol=ATOL, err_msg=where)
+        assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected_grads), where
+        for (path, g), ref in zip(jax.tree_util.tree_leaves_with_path(grads),
+                                  jax.tree_util.tree_leaves(expected_grads)):
+            np.testing.assert_allclose(g, ref, rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                                       err_msg=f"{where}: {jax.tree_util.keystr(path)}")
+
+    return compare
 
 
 def run_case(case: Case) -> tuple[str, int]:
@@ -91,10 +104,11 @@ def run_case(case: Case) -> tuple[str, int]:
     order = np.random.default_rng([case.seed, 2]).permutation(len(model.examples))
     examples = [model.examples[i] for i in order]
     source = compiler.record(examples) if case.recorded else examples
+    compare = comparer(compiler, model.reference, case.seed)
     compared = 0
     for k, batch in enumerate(compiler.batches(source, case.batch_size)):
         part = [examples[i] for i in batch.example_indices]
-        compare(compiler, params, batch, model.reference, part, f"{where}, batch {k}", case.seed)
+        compare(params, batch, part, f"{where}, batch {k}")
         compared += len(part)
     return model.text, compared
 
@@ -104,12 +118,25 @@ def _blocks(text: str) -> list[str]:
     return sorted(set(re.findall(r"[A-Z][A-Za-z]+", text)))
 
 
+def _load(path: pathlib.Path) -> dict:
+    """A results file's state, to continue the run it records from its next seed."""
+    try:
+        result = json.loads(path.read_text())
+        return {"first_seed": int(result["first_seed"]), "cases_run": int(result["cases_run"]),
+                "seconds": float(result["seconds"]), "block_counts": dict(result["block_counts"]),
+                "mode_counts": dict(result["mode_counts"]), "failed_cases": list(result["failed_cases"])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--resume: cannot continue from {path}: {type(e).__name__}: {e}") from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", type=int, default=200, help="random cases to run")
+    p.add_argument("--cases", type=int, default=200, help="cases the run should reach in total")
     p.add_argument("--first-seed", type=int, default=0, help="seed of the first case (cases take consecutive seeds)")
     p.add_argument("--case", type=int, default=None, help="rerun the case of this seed only, printing its error")
     p.add_argument("--json", default=None, help="results file (default benchmarks/results/fuzz.json)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run recorded in the results file from its next seed, adding to its counts")
     args = p.parse_args()
     if args.case is not None:
         case = Case.draw(args.case)
@@ -119,23 +146,25 @@ def main() -> None:
         return
     if args.cases < 1:
         raise SystemExit("--cases must be >= 1")
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        tqdm = None
-    seeds = range(args.first_seed, args.first_seed + args.cases)
-    progress = tqdm(seeds, desc="fuzz", unit="case") if tqdm is not None else seeds
-    failures: list[dict] = []
-    blocks: collections.Counter = collections.Counter()
-    modes: collections.Counter = collections.Counter()
     path = pathlib.Path(args.json) if args.json else RESULTS / "fuzz.json"
+    state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
+                                             "block_counts": {}, "mode_counts": {}, "failed_cases": []}
+    first, earlier = state["first_seed"], state["cases_run"]
+    if earlier >= args.cases:
+        raise SystemExit(f"{path} already holds {earlier} cases (seeds {first}-{first + earlier - 1}); "
+                         "ask for more with --cases")
+    failures: list[dict] = state["failed_cases"]
+    blocks = collections.Counter(state["block_counts"])
+    modes = collections.Counter(state["mode_counts"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    start, done = time.perf_counter(), 0
+    start, done = time.perf_counter(), earlier
+    progress = tqdm(range(first + earlier, first + args.cases), desc="fuzz", unit="case",
+                    initial=earlier, total=args.cases)
 
     def save() -> None:
-        seconds = time.perf_counter() - start
+        seconds = state["seconds"] + time.perf_counter() - start
         result = {
-            "args": vars(args), "cases_run": done, "cases_asked": args.cases, "failures": len(failures),
+            "first_seed": first, "cases_run": done, "cases_asked": args.cases, "failures": len(failures),
             "seconds": round(seconds, 1), "seconds_per_case": round(seconds / max(done, 1), 2),
             "block_counts": dict(sorted(blocks.items())), "mode_counts": dict(sorted(modes.items())),
             "failed_cases": failures, "machine": machine(),
@@ -150,20 +179,19 @@ def main() -> None:
             except Exception as e:  # a mismatch (AssertionError) or any error is a finding
                 failures.append({"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
                                  "traceback": traceback.format_exc()[-3000:]})
-                if tqdm is None:
-                    print(f"case {seed}: {type(e).__name__}")
+                progress.write(f"case {seed}: {type(e).__name__}")
             modes[f"backward={case.backward}"] += 1
             modes["recorded" if case.recorded else "walked"] += 1
             done += 1
-            if tqdm is not None:
-                progress.set_postfix(failures=len(failures))
+            progress.set_postfix(failures=len(failures))
             if done % SAVE_EVERY == 0:
                 save()  # a long run that is stopped keeps what it found
             jax.clear_caches()  # every case compiles its own functions; keep memory flat over a long run
     except KeyboardInterrupt:
-        print(f"\nstopped after {done} cases")
+        print(f"\nstopped after {done} cases; continue with --resume")
     save()
-    print(f"{done} cases, {len(failures)} failures, {time.perf_counter() - start:.0f} s; results written to {path}")
+    print(f"{done} cases (seeds {first}-{first + done - 1}), {len(failures)} failures, "
+          f"{state['seconds'] + time.perf_counter() - start:.0f} s in all; results written to {path}")
 
 
 if __name__ == "__main__":

@@ -19,3 +19,31 @@ def test_random_models_match_their_reference(seed, chunk, backward, recorded, ba
     every example must have been compared."""
     text, compared = run_case(Case(seed, chunk, backward, recorded, batch_size, wide=False))
     assert compared == 6 and text
+
+
+def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsys):
+    """``--resume`` continues the recorded run from its next seed and adds to its counts; a run
+    that already holds the cases asked for says so instead of running again."""
+    import json
+    import sys
+
+    import pytest
+
+    from benchmarks import fuzz
+
+    path = tmp_path / "fuzz.json"
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--first-seed", "3", "--cases", "1", "--json", str(path)])
+    fuzz.main()
+    first = json.loads(path.read_text())
+    assert (first["first_seed"], first["cases_run"], first["failures"]) == (3, 1, 0)
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "2", "--json", str(path)])
+    fuzz.main()
+    second = json.loads(path.read_text())
+    assert (second["first_seed"], second["cases_run"], second["failures"]) == (3, 2, 0)
+    assert sum(second["mode_counts"].get(k, 0) for k in ("recorded", "walked")) == 2
+    assert "seeds 3-4" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="already holds 2 cases"):
+        fuzz.main()
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--json", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit, match="cannot continue"):
+        fuzz.main()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fold as fd
-from benchmarks.fuzz import MODES, compare
+from benchmarks.fuzz import MODES, comparer
 from benchmarks.random_models import RandomModel, fc_reference, random_model
 
 # "auto" saves a loop FC when its input is at least this wide (SAVE_INTENSITY FLOPs per saved byte).
@@ -29,8 +29,8 @@ def _check(model: RandomModel, backward: str, chunk: int | tuple, seed: int = 0)
     # The batch's own layout: padding it with room to spare would hide writes past a region's end
     # (tests/scheduler/test_layouts.py checks padded batches).
     batch = compiler.build_batch(model.examples, exact_layout=True)
-    compare(compiler, params, batch, model.reference, model.examples,
-            f"{model.text} (backward={backward}, chunk={chunk})", seed)
+    comparer(compiler, model.reference, seed)(params, batch, model.examples,
+                                              f"{model.text} (backward={backward}, chunk={chunk})")
     return batch
 
 
