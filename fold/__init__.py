@@ -41,6 +41,7 @@ from fold.blocks.sequences import (
     NGrams,
     Nth,
     Reduce,
+    Softmax,
     Sum,
     Zip,
     ZipWith,
@@ -75,7 +76,7 @@ __all__ = [
     "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams",
     "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
     "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree", "Slice",
-    "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void", "VoidType",
-    "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "plot_schedule",
+    "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void",
+    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "plot_schedule",
     "schedule_profile", "save_checkpoint", "visualize",
 ]

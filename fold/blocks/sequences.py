@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from fold.blocks.base import Block, Repeat, run_leaf, set_child, unify
 from fold.blocks.host import HostContext
-from fold.blocks.inputs import Zeros, to_array
+from fold.blocks.inputs import Identity, Zeros, to_array
 from fold.blocks.layers import Layer
 from fold.blocks.plumbing import AllOf, Pipe
 from fold.blocks.tensors import Function
@@ -32,7 +32,7 @@ from fold.errors import type_error
 if TYPE_CHECKING:
     from fold.scheduler.plan import Emitter
 
-__all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Broadcast", "Zip",
+__all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Softmax", "Broadcast", "Zip",
            "ZipWith", "NGrams", "Nth", "Length"]
 
 
@@ -348,6 +348,27 @@ class Mean(Pipe):
 
     def __init__(self, name: str | None = None):
         super().__init__(AllOf(Sum(), Length()), Function(_mean), name=name)
+
+
+def _exp_minus(x: Any, m: Any) -> Any:
+    return jnp.exp(x - m)
+
+
+class Softmax(Pipe):
+    """Softmax across a sequence of tensors: element ``i`` becomes ``exp(x_i) / sum_j exp(x_j)``,
+    entry by entry of the tensors (attention weights from a sequence of scores, say). The maximum
+    is subtracted first, so large scores do not overflow; an empty sequence stays empty.
+
+    Examples:
+        >>> import fold as fd
+        >>> [round(float(w[0]), 4) for w in (fd.Map(fd.Vector(1)) >> fd.Softmax()).eval([[0.0], [1.0]])]
+        [0.2689, 0.7311]
+    """
+
+    def __init__(self, name: str | None = None):
+        shifted = AllOf(Identity(), Max() >> Broadcast()) >> ZipWith(Function(_exp_minus))
+        normalised = AllOf(Identity(), Sum() >> Broadcast()) >> ZipWith(Function(jnp.divide))
+        super().__init__(shifted, normalised, name=name)
 
 
 class Broadcast(Block):

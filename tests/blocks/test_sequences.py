@@ -185,3 +185,52 @@ def test_zip_and_ngrams_of_broadcasts_are_broadcasts():
     out = compiler.apply({}, compiler.build_batch(examples)).outputs
     expected = [sum(x + a + sum(v) + 2 * g for x in xs) for xs, (a, v), g in examples]
     np.testing.assert_allclose(out, expected)
+
+
+def _softmax_reference(xs: np.ndarray) -> np.ndarray:
+    e = np.exp(xs - xs.max(axis=0))
+    return e / e.sum(axis=0)
+
+
+def test_softmax_across_a_sequence_matches_numpy_and_trains():
+    """Softmax normalises across the sequence, entry by entry of the elements; huge scores do not
+    overflow; an empty sequence stays empty; gradients equal jax.nn.softmax's."""
+    block = fd.Map(fd.Vector(3)) >> fd.Softmax() >> fd.Map(fd.Function(lambda w: w * jnp.arange(1.0, 4.0))) >> fd.Sum()
+    compiler = fd.Compiler.create(block)
+    rng = np.random.default_rng(0)
+    examples = [rng.normal(size=(n, 3)).astype(np.float32) for n in (1, 2, 5, 8)]
+    examples.append(np.array([[1000.0, -1000.0, 0.0], [999.0, 1000.0, 0.0]], np.float32))
+    out = compiler.apply({}, compiler.build_batch([x.tolist() for x in examples])).outputs
+    expected = [(_softmax_reference(x.astype(np.float64)) * np.arange(1, 4)).sum(0) for x in examples]
+    np.testing.assert_allclose(out, np.stack(expected), rtol=1e-5, atol=1e-6)
+    assert np.isfinite(out).all()
+    assert (fd.Map(fd.Vector(3)) >> fd.Softmax()).eval([]) == []
+    weights = (fd.Map(fd.Vector(1)) >> fd.Softmax()).eval([[0.0], [1.0], [2.0]])
+    np.testing.assert_allclose(np.concatenate(weights), _softmax_reference(np.arange(3.0)), rtol=1e-6)
+
+    scores = fd.Map(fd.Vector(2) >> fd.FC(1, activation=None)) >> fd.Softmax()
+    trained = fd.Compiler.create(fd.AllOf(scores, fd.Map(fd.Vector(2))) >> fd.ZipWith(fd.Function(jnp.multiply))
+                                 >> fd.Sum())
+    params = trained.init(jax.random.key(0))
+    data = [rng.normal(size=(n, 2)).round(3).tolist() for n in (3, 1, 6)]
+    name = next(iter(params))
+
+    def batched(p):
+        return jnp.sum(trained.apply(p, trained.build_batch(data)).outputs ** 2)
+
+    def reference(p):
+        total = 0.0
+        for x in data:
+            x = jnp.asarray(x, jnp.float32)
+            alpha = jax.nn.softmax((x @ p[name]["w"] + p[name]["b"])[:, 0])
+            total += jnp.sum((alpha[:, None] * x).sum(0) ** 2)
+        return total
+
+    np.testing.assert_allclose(batched(params), reference(params), rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 jax.grad(batched)(params), jax.grad(reference)(params))
+
+
+def test_softmax_of_a_non_sequence_is_a_type_error():
+    with pytest.raises(TypeError):
+        fd.Compiler.create(fd.Vector(3) >> fd.Softmax())
