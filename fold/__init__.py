@@ -60,6 +60,7 @@ from fold.blocks.types import (
 from fold.checkpoint import load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
+from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import CompilerStats
 from fold.schedule_plot import plot_schedule, schedule_profile
 from fold.scheduler.batch import Batch, BatchLayout, BatchStats
@@ -73,10 +74,10 @@ __all__ = [
     "AllOf", "Batch", "BatchLayout", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast",
     "BroadcastSequenceType", "Compiler", "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC",
     "FitResult", "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity",
-    "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min", "NGrams",
-    "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType", "RNN",
-    "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree", "Slice",
-    "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void",
-    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint", "plot_schedule",
-    "schedule_profile", "save_checkpoint", "visualize",
+    "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min",
+    "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType",
+    "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
+    "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type",
+    "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
+    "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
 ]

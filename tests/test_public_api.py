@@ -14,9 +14,9 @@ PUBLIC = [
     "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min",
     "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType",
     "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
-    "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type", "Vector", "Void",
-    "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type", "load_checkpoint",
-    "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
+    "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type",
+    "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
+    "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
 ]
 
 

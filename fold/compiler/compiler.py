@@ -33,11 +33,12 @@ from fold.blocks.types import (
     Type,
     VoidType,
 )
-from fold.compiler import numerics
+from fold.compiler import numerics, sharding
 from fold.compiler.executor import Executor
 from fold.compiler.program import Program, build_program, root_is_tensors
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
+from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.errors import InvalidConstant
 from fold.scheduler.background import IdlePool, build_ahead
@@ -97,6 +98,7 @@ class Compiler:
         self._saving = SavePolicy(backward, self.save_limit, self.executor, lambda: self._param_structs)
         self._arenas_jit = jax.jit(self._arenas)
         self._apply_jit = jax.jit(self._apply)
+        self._shared_layouts = sharding.SharedLayouts([(t.shape, t.dtype) for t in program.types])
 
     def __repr__(self) -> str:
         p = self.program
@@ -299,8 +301,15 @@ class Compiler:
                 again.finish()
         raise e.error from None
 
-    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False) -> Batch:
+    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False,
+                    devices: Any = None, axis: str = sharding.AXIS) -> Batch | ShardedBatch:
         """Walks every example on the host and builds its schedule (NumPy only).
+
+        With ``devices`` (a device count, a list of devices or a ``Mesh``), it
+        builds a ``ShardedBatch`` instead: the examples split over the devices
+        of mesh axis ``axis``, balanced by node count, in one layout
+        (``fold/compiler/sharding.py``; docs/scaling.md). In a multi-process
+        run, each process passes its own examples.
 
         A malformed example raises KeyError, TypeError or ValueError naming
         the example's index, the block path and what was expected. Examples
@@ -327,6 +336,10 @@ class Compiler:
         """
         if not isinstance(examples, RecordedExamples):
             examples = list(examples)
+        if devices is not None:
+            if exact_layout:
+                raise ValueError("exact_layout and devices do not go together: a sharded batch's parts share a layout")
+            return self._build_sharded(examples, devices, axis, None)
         batch = self._saving.decide(self._build_batch(examples))
         if not exact_layout:
             batch = self._layouts.assign(batch)
@@ -351,6 +364,42 @@ class Compiler:
         if not examples:
             raise ValueError("build_batch needs at least one example")
         return self._build(examples)[0]
+
+    def _build_sharded(self, examples: list | RecordedExamples | ExampleChunk, devices: Any, axis: str,
+                       dataset_indices: np.ndarray | None) -> ShardedBatch:
+        """This process's examples as its share of a ``ShardedBatch`` over ``devices``."""
+        mesh = sharding.device_mesh(devices, axis)
+        if isinstance(examples, ExampleChunk):
+            examples = examples.examples
+        recorded = examples if isinstance(examples, RecordedExamples) else self.record(examples)
+        if not len(recorded):
+            raise ValueError("build_batch needs at least one example")
+        if recorded.owner != self._token:
+            raise ValueError("these examples were recorded by another compiler; record them with this one")
+        local = sharding.local_devices(mesh, axis)
+        if not local:
+            raise ValueError(f"no device of the mesh belongs to process {jax.process_index()}")
+        costs = recorded.node_counts()
+        members = sharding.partition(costs, len(local))
+        # A device with no example of its own runs the cheapest one again, its rows marked padding.
+        filler = np.asarray([int(np.argmin(costs))])
+        parts = [self._saving.decide(self._build_batch(recorded[m if len(m) else filler])) for m in members]
+        parts = self._shared_layouts.pad(parts, sharding.gather_layouts)
+        counts = sharding.gather_counts(len(recorded))
+        offset = int(counts[:jax.process_index()].sum())
+        rows = parts[0].layout.num_examples
+        example_map = np.full((len(local), rows), -1, np.int32)
+        positions = np.zeros(len(recorded), np.int32)
+        for k, (d, m) in enumerate(zip(local, members)):
+            example_map[k, :len(m)] = offset + m
+            positions[m] = d * rows + np.arange(len(m))
+        batch = sharding.assemble(parts, example_map, sharding.gather_positions(positions, counts), mesh, axis,
+                                  self._token)
+        batch.nodes = np.asarray([costs[m].sum() for m in members])
+        batch.example_indices = np.arange(len(recorded)) if dataset_indices is None else dataset_indices
+        for part in parts:
+            self._stats.built(part)
+        return batch
 
     def record(self, examples: Iterable[Any], progress: bool = False) -> RecordedExamples:
         """Walks every example on the host once and keeps what it records as arrays.
@@ -398,8 +447,15 @@ class Compiler:
             self._raise_invalid_constant(examples, e)
 
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
-                num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None) -> Iterator[Batch]:
+                num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
+                devices: Any = None, axis: str = sharding.AXIS) -> Iterator[Batch | ShardedBatch]:
         """Yields built batches of ``batch_size`` examples.
+
+        With ``devices`` (a device count, a list of devices or a ``Mesh``), each
+        batch is a ``ShardedBatch``: its examples split over the devices of mesh
+        axis ``axis``, balanced by node count (see ``build_batch``). With several
+        processes, each passes its own examples and ``batch_size`` counts its
+        own share of a step; every process must yield as many batches.
 
         ``examples`` may be examples recorded with ``record``.
         ``shuffle`` permutes the examples with ``numpy.random.default_rng(seed)``
@@ -441,6 +497,9 @@ class Compiler:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if devices is not None and num_workers:
+            raise ValueError("batches(devices=...) builds in the calling process: pass num_workers=0 "
+                             "(several processes each build their own share)")
         recorded: RecordedExamples | None = None
         listed: list[Any] = []
         if isinstance(examples, RecordedExamples):
@@ -454,6 +513,12 @@ class Compiler:
         chunks: list[RecordedExamples | ExampleChunk] = [
             recorded[idx] if recorded is not None else ExampleChunk([listed[j] for j in idx], idx.tolist())
             for idx in indices]
+        if devices is not None:
+            for chunk, idx in zip(chunks, indices):
+                sharded = self._build_sharded(chunk, devices, axis, idx)
+                sharded.example_indices = idx
+                yield sharded
+            return
         built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
                  else build_ahead(self._build_batch, chunks, num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
@@ -497,7 +562,14 @@ class Compiler:
         """
         return self._apply
 
-    def _apply(self, params: Any, batch: Batch, key: jax.Array | None = None) -> Result:
+    def _apply(self, params: Any, batch: Batch | ShardedBatch, key: jax.Array | None = None) -> Result:
+        if isinstance(batch, ShardedBatch):
+            if batch.owner != self._token:
+                raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
+                                 "build it with this compiler's build_batch or batches")
+            if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
+                return self._apply_jit(params, batch, key)
+            return sharding.apply_sharded(self._apply, params, batch, key)
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
         if batch.owner != self._token:

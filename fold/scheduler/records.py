@@ -181,6 +181,10 @@ class RecordedExamples:
     def __len__(self) -> int:
         return len(self._index)
 
+    def node_counts(self) -> np.ndarray:
+        """Operation calls (nodes) of each selected example, in order: what a step spends on it."""
+        return np.diff(self._data.node_start)[self._index]
+
     def __repr__(self) -> str:
         return f"RecordedExamples({len(self)} examples)"
 

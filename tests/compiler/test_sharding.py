@@ -1,0 +1,147 @@
+"""Data parallelism (``fold/compiler/sharding.py``): a step's examples split over devices, balanced
+by node count, in one layout, run under ``shard_map``; outputs, metrics, gradients and trained
+parameters equal a single-device run. Several devices need their own process (the device count
+is fixed when JAX starts): ``tests/compiler/sharding_worker.py`` runs each check and prints its
+differences; two such processes form a ``jax.distributed`` run over the loopback address."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import fold as fd
+from fold.compiler.sharding import device_mesh, partition
+from tests.compiler.sharding_worker import tree_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT = 240  # seconds a worker may take before the test fails instead of hanging
+TOLERANCE = 1e-5
+
+
+def _worker(*args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.Popen([sys.executable, "-m", "tests.compiler.sharding_worker", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _report(process: subprocess.Popen) -> dict:
+    out, err = process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _check(report: dict) -> None:
+    for what, diff in report["diffs"].items():
+        assert diff <= TOLERANCE, f"{what} differs from one device by {diff}"
+    # Step 2 holds its largest trees first; balanced by nodes, no device has much more than the mean
+    # (step 4 has fewer examples than devices: some run a padding copy).
+    assert all(ratio <= 1.1 for ratio, _ in report["balance"][:3]), report["balance"]
+    assert report["layouts"] <= 3, report
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_four_devices_train_as_one():
+    report = _report(_worker("4"))
+    assert report["devices"] == 4
+    _check(report)
+
+
+def test_two_processes_train_as_one_device():
+    """Each process builds its own examples' share on its two devices; they agree on one layout."""
+    port = str(_free_port())
+    workers = [_worker("2", str(i), "2", port) for i in range(2)]
+    try:
+        reports = [_report(w) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    assert sorted(r["process"] for r in reports) == [0, 1]
+    for report in reports:
+        assert report["devices"] == 4
+        _check(report)
+
+
+def test_a_dying_process_is_an_error_not_a_hang():
+    port = str(_free_port())
+    start = time.monotonic()
+    workers = [_worker("2", str(i), "2", port, "--die") for i in range(2)]
+    try:
+        for w in workers:
+            w.wait(timeout=TIMEOUT)
+    finally:
+        for w in workers:
+            w.kill()
+    assert workers[1].returncode == 3  # the one that died
+    assert workers[0].returncode != 0
+    assert "heartbeat timeout" in workers[0].stderr.read()
+    assert time.monotonic() - start < TIMEOUT
+
+
+# --- in this process (one device) ------------------------------------------------------------------
+
+def test_partition_balances_by_cost():
+    rng = np.random.default_rng(0)
+    costs = rng.integers(1, 200, 256)
+    parts = partition(costs, 8)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(256))
+    loads = np.asarray([costs[p].sum() for p in parts])
+    assert loads.max() / loads.mean() <= 1.05
+    assert all(np.all(np.diff(p) > 0) for p in parts)
+    # Sorted by size, an even split by count would give the first part most of the work.
+    ordered = np.sort(costs)[::-1]
+    by_count = [ordered[i * 32:(i + 1) * 32].sum() for i in range(8)]
+    assert max(by_count) / np.mean(by_count) > 1.8
+    assert max(ordered[p].sum() for p in partition(ordered, 8)) / np.mean(by_count) <= 1.05
+    assert [len(p) for p in partition(np.asarray([5, 1]), 3)] == [1, 1, 0]
+
+
+def _tree_model() -> fd.Compiler:
+    return fd.Compiler.create(tree_model(4))
+
+
+def test_one_device_sharded_batch_equals_a_batch():
+    compiler = _tree_model()
+    params = compiler.init(jax.random.key(0))
+    data = [1.0, (2.0, 3.0), ((1.0, 2.0), (3.0, 4.0)), (5.0, (6.0, 7.0))]
+    for source in (data, compiler.record(data)):
+        sharded = compiler.build_batch(source, devices=1)
+        assert isinstance(sharded, fd.ShardedBatch) and sharded.num_devices == 1
+        expected = compiler.apply(params, compiler.build_batch(data))
+        got = compiler.apply(params, sharded)
+        np.testing.assert_allclose(got.outputs, expected.outputs, rtol=1e-6)
+        np.testing.assert_allclose(got.metrics["loss"].mean(), expected.metrics["loss"].mean(), rtol=1e-6)
+    batches = list(compiler.batches(data, 3, devices=1))
+    assert [b.example_indices.tolist() for b in batches] == [[0, 1, 2], [3]]
+    assert len(compiler.apply(params, batches[1]).outputs) == 1
+
+
+def test_sharding_misuse():
+    compiler, other = _tree_model(), _tree_model()
+    params = compiler.init(jax.random.key(0))
+    with pytest.raises(ValueError, match="devices=99, but there are"):
+        compiler.build_batch([1.0], devices=99)
+    with pytest.raises(ValueError, match="not 'model'"):
+        compiler.build_batch([1.0], devices=device_mesh(1), axis="model")
+    with pytest.raises(ValueError, match="exact_layout and devices"):
+        compiler.build_batch([1.0], exact_layout=True, devices=1)
+    with pytest.raises(ValueError, match="num_workers=0"):
+        next(compiler.batches([1.0], 1, num_workers=1, devices=1))
+    with pytest.raises(ValueError, match="at least one example"):
+        compiler.build_batch([], devices=1)
+    with pytest.raises(ValueError, match="another compiler"):
+        compiler.apply(params, other.build_batch([1.0], devices=1))
+    with pytest.raises(ValueError, match="recorded by another compiler"):
+        compiler.build_batch(other.record([1.0]), devices=1)
