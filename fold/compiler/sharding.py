@@ -199,6 +199,12 @@ class ShardedBatch:
     def tree_unflatten(cls, static: tuple, children: tuple) -> ShardedBatch:
         return cls(*children, *static)
 
+    def replicate(self, tree: Any) -> Any:
+        """``tree`` (parameters, optimizer state) placed whole on every device of the mesh, as a
+        jitted step over sharded batches returns them: give the first step its parameters this
+        way, or it compiles once for them as they are and again for the placement it returns."""
+        return jax.device_put(tree, NamedSharding(self.mesh, P()))
+
     @property
     def num_devices(self) -> int:
         return self.mesh.shape[self.axis]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -88,6 +89,18 @@ def test_a_dying_process_is_an_error_not_a_hang():
     assert workers[0].returncode != 0
     assert "heartbeat timeout" in workers[0].stderr.read()
     assert time.monotonic() - start < TIMEOUT
+
+
+def test_the_scaling_page_runs_on_two_devices():
+    """docs/scaling.md's example, as written, on two simulated devices."""
+    code = "\n".join(re.findall(r"^```python\n(.*?)^```", open(os.path.join(ROOT, "docs", "scaling.md")).read(),
+                                re.S | re.M))
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "on 2 devices" in run.stdout
 
 
 # --- in this process (one device) ------------------------------------------------------------------
