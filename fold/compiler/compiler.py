@@ -369,9 +369,14 @@ class Compiler:
                        dataset_indices: np.ndarray | None) -> ShardedBatch:
         """This process's examples as its share of a ``ShardedBatch`` over ``devices``."""
         mesh = sharding.device_mesh(devices, axis)
-        if isinstance(examples, ExampleChunk):
-            examples = examples.examples
-        recorded = examples if isinstance(examples, RecordedExamples) else self.record(examples)
+        if isinstance(examples, RecordedExamples):
+            recorded = examples
+        else:
+            listed = examples.examples if isinstance(examples, ExampleChunk) else list(examples)
+            try:
+                recorded = record(self.program, listed, self._token, dataset_indices)
+            except InvalidConstant as e:
+                self._raise_invalid_constant(listed, e, dataset_indices)
         if not len(recorded):
             raise ValueError("build_batch needs at least one example")
         if recorded.owner != self._token:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -225,10 +225,13 @@ class RecordedExamples:
         return rec, [roots[:, leaf] for leaf in range(roots.shape[1])]
 
 
-def record(program: Program, examples: Iterable[Any], owner: str) -> RecordedExamples:
-    """Walks every example once (see ``Compiler.record``); ``owner`` identifies the compiler.
-    Raises ``InvalidConstant`` if a layer rejects a constant input."""
+def record(program: Program, examples: Iterable[Any], owner: str,
+           dataset_indices: Sequence[int] | None = None) -> RecordedExamples:
+    """Walks every example once (see ``Compiler.record``); ``owner`` identifies the compiler;
+    errors name an example by its ``dataset_indices`` entry if given. Raises ``InvalidConstant``
+    if a layer rejects a constant input."""
     builder = BatchBuilder(program)
+    builder.dataset_indices = dataset_indices
     counts, outputs = [], []
     with gc_paused():
         for i, x in enumerate(examples):

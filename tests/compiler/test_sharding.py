@@ -158,3 +158,10 @@ def test_sharding_misuse():
         compiler.apply(params, other.build_batch([1.0], devices=1))
     with pytest.raises(ValueError, match="recorded by another compiler"):
         compiler.build_batch(other.record([1.0]), devices=1)
+
+
+def test_a_bad_example_is_named_by_its_dataset_index():
+    compiler = _tree_model()
+    data = [1.0, 2.0, (3.0, 4.0), 5.0, 6.0, "seven", 8.0]
+    with pytest.raises(ValueError, match=r"example 5 \(position 1 in its batch\): at OneOf > Scalar"):
+        list(compiler.batches(data, 4, devices=1))
