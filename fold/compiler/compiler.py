@@ -17,11 +17,12 @@ import uuid
 import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from fold.blocks.base import Repeat
 from fold.blocks.tensors import flatten_value, unflatten_value
@@ -301,8 +302,17 @@ class Compiler:
                 again.finish()
         raise e.error from None
 
+    @overload
     def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False,
-                    devices: Any = None, axis: str = sharding.AXIS) -> Batch | ShardedBatch:
+                    devices: None = None, axis: str = sharding.AXIS) -> Batch: ...
+
+    @overload
+    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False, *,
+                    devices: int | Mesh | Sequence[Any], axis: str = sharding.AXIS) -> ShardedBatch: ...
+
+    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False,
+                    devices: int | Mesh | Sequence[Any] | None = None,
+                    axis: str = sharding.AXIS) -> Batch | ShardedBatch:
         """Walks every example on the host and builds its schedule (NumPy only).
 
         With ``devices`` (a device count, a list of devices or a ``Mesh``), it
@@ -366,7 +376,7 @@ class Compiler:
         return self._build(examples)[0]
 
     def _build_sharded(self, examples: list | RecordedExamples | ExampleChunk, devices: Any, axis: str,
-                       dataset_indices: np.ndarray | None) -> ShardedBatch:
+                       dataset_indices: Sequence[int] | None) -> ShardedBatch:
         """This process's examples as its share of a ``ShardedBatch`` over ``devices``."""
         mesh = sharding.device_mesh(devices, axis)
         if isinstance(examples, RecordedExamples):
@@ -401,7 +411,7 @@ class Compiler:
         batch = sharding.assemble(parts, example_map, sharding.gather_positions(positions, counts), mesh, axis,
                                   self._token)
         batch.nodes = np.asarray([costs[m].sum() for m in members])
-        batch.example_indices = np.arange(len(recorded)) if dataset_indices is None else dataset_indices
+        batch.example_indices = np.arange(len(recorded)) if dataset_indices is None else np.asarray(dataset_indices)
         for part in parts:
             self._stats.built(part)
         return batch
@@ -451,9 +461,20 @@ class Compiler:
         except InvalidConstant as e:
             self._raise_invalid_constant(examples, e)
 
+    @overload
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
-                devices: Any = None, axis: str = sharding.AXIS) -> Iterator[Batch | ShardedBatch]:
+                devices: None = None, axis: str = sharding.AXIS) -> Iterator[Batch]: ...
+
+    @overload
+    def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
+                num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None, *,
+                devices: int | Mesh | Sequence[Any], axis: str = sharding.AXIS) -> Iterator[ShardedBatch]: ...
+
+    def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
+                num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
+                devices: int | Mesh | Sequence[Any] | None = None,
+                axis: str = sharding.AXIS) -> Iterator[Batch] | Iterator[ShardedBatch]:
         """Yields built batches of ``batch_size`` examples.
 
         With ``devices`` (a device count, a list of devices or a ``Mesh``), each
@@ -520,9 +541,7 @@ class Compiler:
             for idx in indices]
         if devices is not None:
             for chunk, idx in zip(chunks, indices):
-                sharded = self._build_sharded(chunk, devices, axis, idx)
-                sharded.example_indices = idx
-                yield sharded
+                yield self._build_sharded(chunk, devices, axis, idx.tolist())
             return
         built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
                  else build_ahead(self._build_batch, chunks, num_workers, self._idle_workers))

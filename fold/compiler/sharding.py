@@ -53,7 +53,9 @@ def device_mesh(devices: int | Mesh | Sequence[Any], axis: str = AXIS) -> Mesh:
         if axis not in devices.axis_names:
             raise ValueError(f"the mesh has axes {devices.axis_names}, not {axis!r}; pass axis=one of them")
         return devices
-    if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
+    if isinstance(devices, bool):
+        raise TypeError("devices must be a device count, a list of devices or a Mesh, not a bool")
+    if isinstance(devices, (int, np.integer)):
         if not 1 <= devices <= jax.device_count():
             raise ValueError(f"devices={devices}, but there are {jax.device_count()} devices "
                              "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
@@ -266,13 +268,13 @@ def apply_sharded(apply: Callable[..., Result], params: Any, batch: ShardedBatch
         return jax.tree.map(lambda x: x[None], (result.outputs, metrics))
 
     if key is None:
-        run = jax.shard_map(lambda p, a, e: local(p, a, e, None), mesh=batch.mesh, in_specs=(P(), P(axis), P(axis)),
-                            out_specs=P(axis), check_vma=False)
-        outputs, metrics = run(params, batch.arrays, batch.example_map)
+        deterministic = jax.shard_map(lambda p, a, e: local(p, a, e, None), mesh=batch.mesh,
+                                      in_specs=(P(), P(axis), P(axis)), out_specs=P(axis), check_vma=False)
+        outputs, metrics = deterministic(params, batch.arrays, batch.example_map)
     else:
-        run = jax.shard_map(local, mesh=batch.mesh, in_specs=(P(), P(axis), P(axis), P()), out_specs=P(axis),
-                            check_vma=False)
-        outputs, metrics = run(params, batch.arrays, batch.example_map, key)
+        stochastic = jax.shard_map(local, mesh=batch.mesh, in_specs=(P(), P(axis), P(axis), P()), out_specs=P(axis),
+                                   check_vma=False)
+        outputs, metrics = stochastic(params, batch.arrays, batch.example_map, key)
     flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), (outputs, metrics))
     outputs = jax.tree.map(lambda x: x[batch.positions], flat[0])
     return Result(outputs, flat[1])

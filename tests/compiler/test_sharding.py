@@ -148,6 +148,8 @@ def test_sharding_misuse():
         compiler.build_batch([1.0], devices=99)
     with pytest.raises(ValueError, match="not 'model'"):
         compiler.build_batch([1.0], devices=device_mesh(1), axis="model")
+    with pytest.raises(TypeError, match="not a bool"):
+        compiler.build_batch([1.0], devices=True)
     with pytest.raises(ValueError, match="exact_layout and devices"):
         compiler.build_batch([1.0], exact_layout=True, devices=1)
     with pytest.raises(ValueError, match="num_workers=0"):
