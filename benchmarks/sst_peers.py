@@ -10,7 +10,9 @@ mean over the nodes of a batch) with plain SGD, from the same parameters:
 - ``TorchLevels``: PyTorch with hand-written level-by-level batching (all
   nodes of the same height in one cell call, as DGL's Tree-LSTM does);
 - ``JaxPerTree``: plain JAX, ``jit`` of each tree's gradient, traced per
-  distinct tree shape (recompiles whenever a new shape arrives).
+  distinct tree shape (recompiles whenever a new shape arrives);
+- ``DynetAutobatch``: DyNet's automatic batching (Neubig et al. 2017) of
+  graphs written one tree at a time, where ``dynet38`` installs.
 
 ``plain_params`` converts fold's parameters into the shared layout, so
 tests can check that every peer computes fold's loss and gradients.
@@ -159,6 +161,74 @@ class TorchLevels(_TorchModel):
             c, h = torch.cat([c, c_new]), torch.cat([h, h_new])
         logits = h @ self.p["out_w"] + self.p["out_b"]
         return torch.nn.functional.cross_entropy(logits, torch.from_numpy(f.label))
+
+
+# --------------------------------------------------------------------- DyNet
+class DynetAutobatch:
+    """DyNet with automatic batching (``autobatch=1``): each tree's graph written node by node, as
+    in ``TorchEager``, and DyNet batching the operations of a minibatch's graph when it runs it;
+    one SGD step per batch. DyNet is optional (``pip install dynet38``); its configuration is
+    global, so the first ``DynetAutobatch`` of a process sets it."""
+
+    def __init__(self, params: dict[str, np.ndarray], word_idx: dict[str, int], lr: float = 0.05):
+        import dynet_config
+
+        dynet_config.set(autobatch=1, random_seed=1)
+        import dynet as dy
+
+        self.dy = dy
+        self.word_idx = word_idx
+        self.model = dy.ParameterCollection()
+        self.embedding = self.model.lookup_parameters_from_numpy(params["embedding"])
+        # DyNet multiplies W x, so its weights are the transposes of the others' x W.
+        self.p = {name: self.model.parameters_from_numpy(params[name].T if name.endswith("_w") else params[name])
+                  for name in ("cell_w", "cell_b", "out_w", "out_b")}
+        self.trainer = dy.SimpleSGDTrainer(self.model, learning_rate=lr)
+        self.trainer.set_clip_threshold(0)  # DyNet clips gradients by default; the others do not
+        self.hidden = params["out_w"].shape[0]
+        self.embed = params["embedding"].shape[1]
+
+    def cell(self, x: Any, cl: Any, hl: Any, cr: Any, hr: Any) -> tuple[Any, Any]:
+        dy, n = self.dy, self.hidden
+        z = self.p["cell_w"] * dy.concatenate([x, hl, hr]) + self.p["cell_b"]
+        i, fl, fr, o, u = (dy.pick_range(z, k * n, (k + 1) * n) for k in range(5))
+        c = (dy.cmult(dy.logistic(i), dy.tanh(u)) + dy.cmult(dy.logistic(fl + FORGET_BIAS), cl)
+             + dy.cmult(dy.logistic(fr + FORGET_BIAS), cr))
+        return c, dy.cmult(dy.logistic(o), dy.tanh(c))
+
+    def loss(self, trees: list[tuple]) -> Any:
+        """The mean per-node loss of ``trees`` as a DyNet expression of a fresh graph."""
+        dy = self.dy
+        dy.renew_cg()
+        zero_h, zero_x = dy.zeros(self.hidden), dy.zeros(self.embed)
+        losses = []
+
+        def node(t: tuple) -> tuple[Any, Any]:
+            if is_leaf(t):
+                w = self.word_idx.get(t[1], -1)
+                c, h = self.cell(self.embedding[w] if w >= 0 else zero_x, zero_h, zero_h, zero_h, zero_h)
+            else:
+                cl, hl = node(t[1])
+                cr, hr = node(t[2])
+                c, h = self.cell(zero_x, cl, hl, cr, hr)
+            losses.append(dy.pickneglogsoftmax(self.p["out_w"] * h + self.p["out_b"], t[0]))
+            return c, h
+
+        for tree in trees:
+            node(tree)
+        return dy.esum(losses) / len(losses)
+
+    def train_step(self, trees: list[tuple]) -> float:
+        loss = self.loss(trees)
+        value = loss.value()
+        loss.backward()
+        self.trainer.update()
+        return float(value)
+
+    def params(self) -> dict[str, np.ndarray]:
+        """The current parameters, in ``plain_params``'s layout."""
+        out = {name: p.as_array().T if name.endswith("_w") else p.as_array() for name, p in self.p.items()}
+        return {"embedding": self.embedding.as_array(), **out}
 
 
 # ---------------------------------------------------------------------- JAX

@@ -13,6 +13,8 @@ parameters) run on the same trees:
 - PyTorch with hand-written level batching, flattening each batch's trees
   every step, and (to compare with fold's recorded examples) on batches
   flattened once before timing;
+- DyNet's automatic batching (``--dynet-trees`` trees; optional, ``pip
+  install dynet38``);
 - plain JAX ``jit`` per tree shape (once per hidden size, on
   ``--jax-trees`` trees: time with compilations, time once compiled, and
   the compile time one epoch would need for the train set's distinct shapes).
@@ -54,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trees", type=int, default=2048, help="training trees per fold and level-batching run")
     p.add_argument("--peer-trees", type=int, default=256, help="trees for PyTorch eager (slow)")
     p.add_argument("--jax-trees", type=int, default=16, help="trees for JAX jit per tree (compiles per shape)")
+    p.add_argument("--dynet-trees", type=int, default=512, help="trees for DyNet autobatching")
     p.add_argument("--backward", choices=BACKWARDS, default="auto", help="fold's backward through the loop")
     p.add_argument("--workers", type=int, default=1, help="worker processes for the background run")
     p.add_argument("--repeats", type=int, default=3)
@@ -62,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.batch_sizes, args.hidden, args.embed_size = [16], [16], 16
-        args.trees, args.peer_trees, args.jax_trees, args.repeats = 64, 16, 1, 1
+        args.trees, args.peer_trees, args.jax_trees, args.dynet_trees, args.repeats = 64, 16, 1, 32, 1
     if min(args.batch_sizes + args.hidden) <= 0 or args.trees <= 0 or args.workers < 1 or args.repeats <= 0:
         p.error("batch sizes, hidden sizes, --trees, --workers and --repeats must be positive")
     return args
@@ -162,6 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
         import torch
 
         torch.manual_seed(0)
+    has_dynet = importlib.util.find_spec("dynet") is not None and not args.no_peers
+    if not has_dynet and not args.no_peers:
+        print("DyNet is not installed (pip install dynet38): its autobatching peer is skipped")
 
     results: dict[str, Any] = {"args": vars(args), "goals": GOALS, "torch": has_torch, "runs": [], "jax_per_tree": {}}
     for hidden in args.hidden:
@@ -178,6 +184,10 @@ def main(argv: list[str] | None = None) -> dict:
                 run["torch_levels"] = measure_peer(levels, trees, b, args.repeats)
                 run["torch_levels_prepared"] = measure_peer(levels, trees, b, args.repeats,
                                                             prepare=lambda c: sst_peers.Flat(c, word_idx))
+            if has_dynet:
+                print(f"hidden {hidden}, batch {b}: DyNet autobatching ...", flush=True)
+                run["dynet_autobatch"] = measure_peer(
+                    lambda: sst_peers.DynetAutobatch(plain, word_idx, LEARNING_RATE), trees[:args.dynet_trees], b, 1)
             results["runs"].append(run)
         if not args.no_peers:
             print(f"hidden {hidden}: plain JAX jit per tree ({args.jax_trees} trees) ...", flush=True)
@@ -197,7 +207,9 @@ def report(results: dict, args: argparse.Namespace) -> None:
         levels = r.get("torch_levels", {}).get("trees_per_s")
         jit = results["jax_per_tree"].get(str(r["hidden"]), {}).get("trees_per_s_compiled")
         prepared = r.get("torch_levels_prepared", {}).get("trees_per_s")
-        r["speedup"] = {"vs_torch_eager": f["trees_per_s"] / eager if eager else None,
+        dynet = r.get("dynet_autobatch", {}).get("trees_per_s")
+        r["speedup"] = {"vs_dynet_autobatch": f["trees_per_s"] / dynet if dynet else None,
+                        "vs_torch_eager": f["trees_per_s"] / eager if eager else None,
                         "vs_torch_levels": f["trees_per_s"] / levels if levels else None,
                         "recorded_vs_torch_levels_prepared": f["trees_per_s_recorded"] / prepared if prepared else None,
                         "vs_jax_per_tree_compiled": f["trees_per_s"] / jit if jit else None}
@@ -205,14 +217,15 @@ def report(results: dict, args: argparse.Namespace) -> None:
         ratio = lambda v: f"{v:.1f}x" if v else "-"  # noqa: E731
         rows.append([r["hidden"], r["batch_size"], cell(f["trees_per_s"]), cell(f["trees_per_s_workers"]),
                      cell(f["device_trees_per_s"]), cell(f["host_trees_per_s"]), f"{100 * f['host_share_serial']:.0f}%",
-                     f"{100 * f['host_share_workers']:.0f}%", cell(eager), cell(levels),
-                     ratio(r["speedup"]["vs_torch_eager"]), ratio(r["speedup"]["vs_torch_levels"])])
+                     f"{100 * f['host_share_workers']:.0f}%", cell(eager), cell(levels), cell(dynet),
+                     ratio(r["speedup"]["vs_torch_eager"]), ratio(r["speedup"]["vs_torch_levels"]),
+                     ratio(r["speedup"]["vs_dynet_autobatch"])])
         recorded_rows.append([r["hidden"], r["batch_size"], f"{f['record_s']:.2f}", cell(f["trees_per_s_recorded"]),
                               f"{100 * f['host_share_recorded']:.0f}%", cell(prepared),
                               ratio(r["speedup"]["recorded_vs_torch_levels_prepared"])])
     print_table(f"SST Tree-LSTM training, trees/s (workers = {args.workers} in the background column)",
                 ["H", "batch", "fold", "fold+workers", "device only", "host only", "host share", "share w/ workers",
-                 "torch eager", "torch levels", "vs eager", "vs levels"], rows)
+                 "torch eager", "torch levels", "dynet", "vs eager", "vs levels", "vs dynet"], rows)
     print_table("Examples prepared once: fold from compiler.record, PyTorch levels on batches flattened once",
                 ["H", "batch", "record (s)", "fold, recorded", "host share", "torch levels, prepared",
                  "vs prepared levels"], recorded_rows)
@@ -232,7 +245,7 @@ def plot(results: dict, path: Any) -> None:
             ax.plot(sizes, [r["fold"]["trees_per_s"] for r in runs], "o-", label=f"fold H={hidden}")
             ax.plot(sizes, [r["fold"]["trees_per_s_workers"] for r in runs], "o:", label=f"fold+workers H={hidden}")
             ax.plot(sizes, [r["fold"]["trees_per_s_recorded"] for r in runs], "o-.", label=f"fold recorded H={hidden}")
-            for peer, style in (("torch_eager", "s--"), ("torch_levels", "^--")):
+            for peer, style in (("torch_eager", "s--"), ("torch_levels", "^--"), ("dynet_autobatch", "v--")):
                 if peer in runs[0]:
                     ax.plot(sizes, [r[peer]["trees_per_s"] for r in runs], style, label=f"{peer} H={hidden}")
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="trees / s", title="SST Tree-LSTM training")

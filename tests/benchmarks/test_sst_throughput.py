@@ -29,6 +29,8 @@ def test_quick_run(tmp_path):
         assert run["torch_eager"]["trees"] == 16 and run["torch_levels"]["trees"] == 64
         assert run["speedup"]["vs_torch_eager"] > 0 and run["speedup"]["vs_torch_levels"] > 0
         assert run["torch_levels_prepared"]["trees"] == 64 and run["speedup"]["recorded_vs_torch_levels_prepared"] > 0
+    if importlib.util.find_spec("dynet") is not None:
+        assert run["dynet_autobatch"]["trees"] == 32 and run["speedup"]["vs_dynet_autobatch"] > 0
     saved = json.loads(out.read_text())
     assert saved["runs"][0]["fold"]["trees"] == 64 and saved["machine"]["cores"] >= 1
     assert out.with_suffix(".png").stat().st_size > 1000
