@@ -49,3 +49,20 @@ def test_quick_run_of_the_paper_variant_with_dropout(tmp_path):
     history = report["history"]
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert report["results"]["dev"]["all_nodes_fine"] > 0.3
+
+
+@pytest.mark.slow
+def test_a_seed_reproduces_its_run(tmp_path):
+    """The same command and seed give the same per-epoch numbers, with dropout and a worker process
+    building batches (dropout keys depend on the seed and the step only)."""
+
+    def run(name):
+        report = tree_lstm_sst.main(["--quick", "--quiet", "--seed", "3", "--recurrent-dropout", "0.25",
+                                     "--embed-dropout", "0.25", "--workers", "1", "--data-dir", str(SAMPLE),
+                                     "--checkpoint-dir", str(tmp_path / name),
+                                     "--json", str(tmp_path / f"{name}.json")])
+        return [{k: v for k, v in h.items() if k != "seconds"} for h in report["history"]], report["results"]
+
+    first, second = run("a"), run("b")
+    assert first == second
+    assert len(first[0]) >= 2 and first[0][-1]["train_loss"] > 0
