@@ -7,10 +7,10 @@ hold the others up), each part is built into a batch, and the parts are padded i
 layout and stacked on a leading device axis, so that one compilation serves every device.
 ``Compiler.apply`` runs a ``ShardedBatch`` under ``shard_map``: parameters replicated, each device
 running the loop over its own part; outputs come back one row per example in the order given,
-and metrics as one ``MetricValues`` over every device's entries, so ``metrics[name].mean()`` is
-the mean over the whole step. Differentiating a loss of them gives the gradient of the whole
-step: ``shard_map`` sums the replicated parameters' cotangents over the devices with a
-collective, inside the jitted step.
+and metrics as one ``MetricValues`` over every device's entries (real entries first, by example,
+as from one device), so ``metrics[name].mean()`` is the mean over the whole step.
+Differentiating a loss of them gives the gradient of the whole step: ``shard_map`` sums the
+replicated parameters' cotangents over the devices with a collective, inside the jitted step.
 
 Several processes (``jax.distributed.initialize``, a mesh over every process's devices): each
 process passes *its own* examples, builds the parts of its own devices only, and the processes
@@ -275,6 +275,14 @@ def apply_sharded(apply: Callable[..., Result], params: Any, batch: ShardedBatch
         stochastic = jax.shard_map(local, mesh=batch.mesh, in_specs=(P(), P(axis), P(axis), P()), out_specs=P(axis),
                                    check_vma=False)
         outputs, metrics = stochastic(params, batch.arrays, batch.example_map, key)
-    flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), (outputs, metrics))
-    outputs = jax.tree.map(lambda x: x[batch.positions], flat[0])
-    return Result(outputs, flat[1])
+    outputs, metrics = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), (outputs, metrics))
+    outputs = jax.tree.map(lambda x: x[batch.positions], outputs)
+    return Result(outputs, {name: _in_example_order(m) for name, m in metrics.items()})
+
+
+def _in_example_order(m: MetricValues) -> MetricValues:
+    """Every device's entries with the real ones first, by example (an example's entries, all on
+    one device, keep their walk order), as ``MetricValues`` promises (``values`` reads them so)."""
+    last = jnp.iinfo(m.example.dtype).max
+    order = jnp.argsort(jnp.where(m.mask, m.example, last), stable=True)
+    return MetricValues(m.padded[order], m.mask[order], m.example[order])
