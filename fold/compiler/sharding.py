@@ -25,6 +25,7 @@ single-device run of the same examples.
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -89,6 +90,10 @@ def _with_examples(batch: Batch, num_examples: int) -> Batch:
     return batch.replace(batch.arrays._replace(roots=roots), batch.layout._replace(num_examples=num_examples))
 
 
+def _without_saving(parts: list[Batch]) -> list[Batch]:
+    return [p.replace(layout=p.layout._replace(saved_rows=())) for p in parts]
+
+
 class SharedLayouts:
     """The layouts handed out to sharded batches of one compiler: a step's parts are padded into
     the cheapest earlier layout they all fit, or into a new one with headroom (as
@@ -112,24 +117,19 @@ class SharedLayouts:
     def pad(self, parts: list[Batch], gather: Callable[[BatchLayout], list[BatchLayout]]) -> list[Batch]:
         """``parts`` padded into one layout; ``gather(layout)`` returns every process's need (the
         local need alone in one process), so that all processes choose the same layout."""
-        saving = all(p.layout.saved_rows for p in parts)
-        if not saving:  # one part that does not save makes them all recompute, so they share a layout
-            parts = [p.replace(layout=p.layout._replace(saved_rows=())) for p in parts]
+        # One part, here or in another process, that does not save makes them all recompute, so
+        # that they share a layout.
+        parts = _without_saving(parts) if not all(p.layout.saved_rows for p in parts) else parts
         examples = next_pow2(max(p.layout.num_examples for p in parts))
         parts = [_with_examples(p, examples) for p in parts]
-        need = parts[0].layout
-        for p in parts[1:]:
-            need = join(need, p.layout)
-        needs = gather(need)
-        if len({bool(n.saved_rows) for n in needs}) > 1:
-            raise NotImplementedError("processes disagree on saving for the backward pass; "
-                                      "use backward='save' or 'recompute' with several processes")
+        needs = gather(functools.reduce(join, [p.layout for p in parts]))
+        if not all(n.saved_rows for n in needs):
+            parts = _without_saving(parts)
+            needs = [n._replace(saved_rows=()) for n in needs]
         examples = max(n.num_examples for n in needs)
         needs = [n._replace(num_examples=examples) for n in needs]
         parts = [_with_examples(p, examples) for p in parts]
-        need = needs[0]
-        for n in needs[1:]:
-            need = join(need, n)
+        need = functools.reduce(join, needs)
         layout = self.choose(need)
         return [pad_to(p, layout, self.type_shapes) for p in parts]
 

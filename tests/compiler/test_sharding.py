@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 import fold as fd
+from benchmarks.models import random_tree
 from fold.compiler.sharding import device_mesh, partition
 from tests.compiler.sharding_worker import tree_model
 
@@ -167,3 +169,18 @@ def test_a_bad_example_is_named_by_its_dataset_index():
     data = [1.0, 2.0, (3.0, 4.0), 5.0, 6.0, "seven", 8.0]
     with pytest.raises(ValueError, match=r"example 5 \(position 1 in its batch\): at OneOf > Scalar"):
         list(compiler.batches(data, 4, devices=1))
+
+
+def test_when_another_process_recomputes_every_part_recomputes():
+    """Processes agree on one layout: if another process's parts do not save for the backward pass,
+    this process's parts recompute too (instead of failing)."""
+    from fold.compiler.sharding import SharedLayouts
+
+    compiler = fd.Compiler.create(tree_model(4), backward="save")
+    rng = random.Random(0)
+    parts = [compiler.build_batch([random_tree(rng, 12) for _ in range(n)], exact_layout=True) for n in (2, 3)]
+    assert all(p.layout.saved_rows for p in parts)
+    shared = SharedLayouts([(t.shape, t.dtype) for t in compiler.program.types])
+    padded = shared.pad(parts, lambda need: [need, need._replace(saved_rows=())])
+    assert len({p.layout for p in padded}) == 1 and padded[0].layout.saved_rows == ()
+    assert shared.pad(parts, lambda need: [need])[0].layout.saved_rows
