@@ -61,6 +61,21 @@ class Case(NamedTuple):
                    bool(rng.random() < 0.5), int(rng.integers(1, 7)), bool(rng.random() < 0.15))
 
 
+def random_params(compiler: fd.Compiler, seed: int) -> dict:
+    """``compiler.init``'s parameters moved off the kinks: each float entry plus noise of scale 0.1.
+
+    Where ``init`` gives zero biases, distinct paths compute exactly equal values (``tanh(W·0 + 0)``
+    and an empty ``Sum``'s zeros, say), so ``Max`` and ``Min`` meet exact ties, where the gradient
+    is not unique: fold's pairwise tree and ``jnp.max``'s equal split then give different, equally
+    valid, subgradients (seed 1021). Random parameters make such ties improbable."""
+    params = compiler.init(jax.random.key(seed))
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 1), len(leaves))
+    moved = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+             for x, k in zip(leaves, keys)]
+    return jax.tree_util.tree_unflatten(tree, moved)
+
+
 def comparer(compiler: fd.Compiler, reference: Any, seed: int = 0) -> Callable[..., None]:
     """``compare(params, batch, examples, where)`` asserts that ``batch``'s outputs and the
     gradients of a loss on them equal ``reference``'s, evaluated on ``examples`` (the batch's
@@ -100,7 +115,7 @@ def run_case(case: Case) -> tuple[str, int]:
     model = random_model(case.seed, n=6, rich=True, wide=case.wide)
     where = f"{model.text} ({case})"
     compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
-    params = compiler.init(jax.random.key(case.seed))
+    params = random_params(compiler, case.seed)
     order = np.random.default_rng([case.seed, 2]).permutation(len(model.examples))
     examples = [model.examples[i] for i in order]
     source = compiler.record(examples) if case.recorded else examples

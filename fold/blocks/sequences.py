@@ -325,14 +325,24 @@ class Sum(Reduce):
 
 
 class Min(Reduce):
-    """Element-wise minimum of a sequence of tensors (zeros if empty)."""
+    """Element-wise minimum of a sequence of tensors (zeros if empty).
+
+    Where items tie exactly, the gradient is shared as ``jnp.minimum`` shares it, half to each
+    side of every pairwise tie in the balanced reduction tree (``[a, b, c]`` reduces as ``a``
+    against ``(b, c)``: 1/2, 1/4, 1/4), not equally as ``jnp.min`` does; both are valid
+    subgradients."""
 
     def __init__(self, name: str | None = None):
         super().__init__(Function(jnp.minimum), name=name)
 
 
 class Max(Reduce):
-    """Element-wise maximum of a sequence of tensors (zeros if empty)."""
+    """Element-wise maximum of a sequence of tensors (zeros if empty).
+
+    Where items tie exactly, the gradient is shared as ``jnp.maximum`` shares it, half to each
+    side of every pairwise tie in the balanced reduction tree (``[a, b, c]`` reduces as ``a``
+    against ``(b, c)``: 1/2, 1/4, 1/4), not equally as ``jnp.max`` does; both are valid
+    subgradients."""
 
     def __init__(self, name: str | None = None):
         super().__init__(Function(jnp.maximum), name=name)

@@ -67,6 +67,21 @@ def test_reduce_sum_min_max_mean():
         assert float((fd.Map(fd.Scalar()) >> reducer()).eval([])) == 0.0
 
 
+def test_max_and_min_split_the_gradient_of_a_tie_pairwise():
+    """At an exact tie the gradient is not unique; ``Max``/``Min`` give each pairwise tie of their
+    balanced tree half (``jnp.maximum``'s rule), not ``jnp.max``'s equal split: items
+    ``[a, b, b]`` tied reduce as ``a`` against ``(b, b)``, so ``a``'s layer gets 1/2, not 1/3."""
+    for reducer in (fd.Max, fd.Min):
+        item = fd.OneOf(lambda x: x[0], {0: fd.GetItem(1) >> fd.Vector(1) >> fd.FC(1, activation=None, name="a"),
+                                         1: fd.GetItem(1) >> fd.Vector(1) >> fd.FC(1, activation=None, name="b")})
+        compiler = fd.Compiler.create(fd.Map(item) >> reducer())
+        params = compiler.init(jax.random.key(0))
+        params["b"] = params["a"]
+        batch = compiler.build_batch([[(0, [2.0]), (1, [2.0]), (1, [2.0])]])
+        grads = jax.grad(lambda p: compiler.apply(p, batch).outputs.sum())(params)
+        assert float(grads["a"]["b"][0]) == 0.5 and float(grads["b"]["b"][0]) == 0.5, reducer
+
+
 def test_reduce_default_block():
     block = fd.Map(fd.Scalar()) >> fd.Reduce(fd.Function(jnp.add), fd.FromTensor(np.float32(-7)))
     assert float(block.eval([])) == -7.0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fold as fd
-from benchmarks.fuzz import MODES, comparer
+from benchmarks.fuzz import MODES, comparer, random_params
 from benchmarks.random_models import RandomModel, fc_reference, random_model
 
 # "auto" saves a loop FC when its input is at least this wide (SAVE_INTENSITY FLOPs per saved byte).
@@ -25,7 +25,7 @@ def _check(model: RandomModel, backward: str, chunk: int | tuple, seed: int = 0)
     """Asserts that ``model``'s batched outputs and gradients equal its reference's, example by
     example; returns the batch."""
     compiler = fd.Compiler.create(model.block, backward=backward, chunk_size=chunk)
-    params = compiler.init(jax.random.key(seed))
+    params = random_params(compiler, seed)
     # The batch's own layout: padding it with room to spare would hide writes past a region's end
     # (tests/scheduler/test_layouts.py checks padded batches).
     batch = compiler.build_batch(model.examples, exact_layout=True)
