@@ -1,0 +1,182 @@
+"""Where an SST training step's device time goes: XLA's per-op profile, by kind of work.
+
+Runs the SST Tree-LSTM training step (``benchmarks.models.sst_model``, SGD, fold's default
+backward) on one batch of real trees under ``jax.profiler``, reads the trace, and sums each
+XLA operation's *exclusive* time (its own, less the operations nested in it: a ``cond``
+holds its branch's work) by kind: matmuls, gathers, scatters, dynamic slices, filling buffers
+(zeros for arenas, cotangents, saved rows), the ``switch`` dispatch, the while loop's own
+control, copies, reductions and the rest (element-wise fusions), each split into forward and
+backward by the op's JAX name. XLA runs independent operations on two threads, so op time can
+exceed wall time; shares are of op time.
+
+Against it, *matmul need*: the same matmuls on the batch's real rows only (every node through
+the cell, forward and both backward products), timed alone as one jitted call: the time a
+perfectly batched step could not go below on this machine.
+
+Run: ``python -m benchmarks.step_profile --data-dir DIR`` (``--quick``: the committed sample).
+Writes ``benchmarks/results/step_profile.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import pathlib
+import random
+import re
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import fold as fd
+from benchmarks import models
+from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
+from examples import sst
+from examples.common import print_table
+
+# Kinds of work, by the first pattern an op's name matches (XLA names fusions after what they hold).
+KINDS = (("matmul", r"dot|ynn_fusion|gemm|matmul"), ("scatter", r"scatter"), ("gather", r"gather"),
+         ("dynamic slices", r"dynamic-update-slice|dynamic-slice|dynamic_slice|dynamic_update_slice"),
+         ("filling buffers", r"broadcast"), ("switch dispatch", r"^cond|conditional"),
+         ("loop control", r"^while"), ("copies", r"copy|transpose"), ("reductions", r"reduce"))
+OTHER = "element-wise and other"
+
+
+def kind(name: str) -> str:
+    """The kind of work of the XLA operation ``name``."""
+    return next((k for k, pattern in KINDS if re.search(pattern, name)), OTHER)
+
+
+def phases(hlo_text: str) -> dict[str, str]:
+    """Each operation's phase from its JAX name: ``backward`` under a ``transpose``, ``forward``
+    under a ``jvp``, else ``other`` (the optimiser, the inputs)."""
+    result = {}
+    for m in re.finditer(r"%([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo_text):
+        name, op_name = m.groups()
+        result[name] = "backward" if "transpose(" in op_name else "forward" if "jvp(" in op_name else "other"
+    return result
+
+
+def exclusive_times(trace_events: list[dict]) -> dict[str, float]:
+    """Microseconds per XLA operation, less the operations nested in it, summed over threads."""
+    by_thread: dict[Any, list[dict]] = collections.defaultdict(list)
+    for e in trace_events:
+        if e.get("ph") == "X" and "::" not in e["name"] and not e["name"].startswith(("$", "Pjit")):
+            by_thread[e["tid"]].append(e)
+    own: dict[str, float] = collections.Counter()
+    for events in by_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[dict] = []
+        for e in events:
+            while stack and e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"]:
+                stack.pop()
+            if stack:
+                own[stack[-1]["name"]] -= e["dur"]
+            own[e["name"]] += e["dur"]
+            stack.append(e)
+    return dict(own)
+
+
+def profile(step: Any, args: tuple, steps: int) -> dict[str, float]:
+    """Exclusive microseconds per operation over ``steps`` calls of ``step(*args)``."""
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder, create_perfetto_trace=True)
+        for _ in range(steps):
+            jax.block_until_ready(step(*args))
+        jax.profiler.stop_trace()
+        trace = next(pathlib.Path(folder).rglob("*.trace.json.gz"))
+        with gzip.open(trace) as f:
+            data = json.load(f)
+    return exclusive_times(data["traceEvents"] if isinstance(data, dict) else data)
+
+
+def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
+    """Seconds for ``rows`` rows through ``x @ w`` and its two backward products, as one call."""
+    x = jnp.ones((rows, w.shape[0]), w.dtype)
+    dy = jnp.ones((rows, w.shape[1]), w.dtype)
+
+    @jax.jit
+    def products(x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple:
+        return x @ w, x.T @ dy, dy @ w.T
+
+    return median_seconds(lambda: jax.block_until_ready(products(x, w, dy)), repeats)
+
+
+def nodes(tree: Any) -> int:
+    """Nodes of an SST tree (``(label, word)`` leaves, ``(label, left, right)`` pairs)."""
+    return 1 if len(tree) == 2 else 1 + nodes(tree[1]) + nodes(tree[2])
+
+
+def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: int) -> dict:
+    compiler = fd.Compiler.create(models.sst_model(word_idx, hidden))
+    params = compiler.init(jax.random.key(0))
+    optimizer = optax.sgd(0.05)
+    step = make_train_step(compiler, optimizer)
+    # The first batch of a stream, as training gets it: in the layout planned from the batches ahead.
+    batch = jax.device_put(next(iter(compiler.batches(trees[:batch_size * 16], batch_size))))
+    examples = trees[:batch_size]
+    args = (params, optimizer.init(params), batch, None)
+    jax.block_until_ready(step(*args))
+    seconds = median_seconds(lambda: jax.block_until_ready(step(*args)), repeats)
+    own = profile(step, args, repeats)
+    phase = phases(step.lower(*args).compile().as_text())
+    table: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.Counter())
+    for name, us in own.items():
+        table[kind(name)][phase.get(name, "other")] += us / repeats / 1000
+    op_ms = sum(sum(v.values()) for v in table.values())
+    rows = sum(nodes(t) for t in examples)
+    need = matmul_need(rows, params["binary_tree_lstm_cell"]["w"], repeats)
+    return {
+        "hidden": hidden, "batch_size": batch_size, "nodes": rows, "layout": str(batch.layout),
+        "step_ms": seconds * 1000, "op_ms": op_ms, "matmul_need_ms": need * 1000,
+        "step_vs_need": seconds / need,
+        "kinds": {k: {"ms": sum(v.values()), "share": sum(v.values()) / op_ms, **{p: ms for p, ms in v.items()}}
+                  for k, v in sorted(table.items(), key=lambda kv: -sum(kv[1].values()))},
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64])
+    p.add_argument("--hidden", type=int, nargs="+", default=[150])
+    p.add_argument("--repeats", type=int, default=10, help="timed steps, and steps profiled")
+    add_run_flags(p, "step_profile", "one step of a batch of sample trees")
+    args = p.parse_args(argv)
+    trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
+    random.Random(0).shuffle(trees)
+    word_idx = sst.vocabulary(trees)
+    runs = [measure(trees, word_idx, h, b, args.repeats) for h in args.hidden for b in args.batch_sizes]
+    for r in runs:
+        print(f"\nH {r['hidden']}, batch {r['batch_size']} ({r['nodes']} nodes): step {r['step_ms']:.1f} ms, "
+              f"op time {r['op_ms']:.1f} ms, matmul need {r['matmul_need_ms']:.1f} ms "
+              f"(step {r['step_vs_need']:.1f}x the need)")
+        print_table(f"H {r['hidden']}, batch {r['batch_size']}",
+                    ["kind", "ms", "share", "forward", "backward", "other"],
+                    [[k, f"{v['ms']:.2f}", f"{100 * v['share']:.0f} %", f"{v.get('forward', 0):.2f}",
+                      f"{v.get('backward', 0):.2f}", f"{v.get('other', 0):.2f}"] for k, v in r["kinds"].items()])
+    result = {"runs": runs, "repeats": args.repeats}
+
+    def plot(path: pathlib.Path) -> None:
+        with figure(path, (7, 3.5)) as ax:
+            labels = [f"H {r['hidden']}, batch {r['batch_size']}" for r in runs]
+            left = np.zeros(len(runs))
+            for k in [k for k, _ in KINDS] + [OTHER]:
+                ms = np.array([r["kinds"].get(k, {}).get("ms", 0.0) for r in runs])
+                ax.barh(labels, ms, left=left, label=k)
+                left += ms
+            ax.scatter([r["matmul_need_ms"] for r in runs], labels, color="k", marker="|", s=400, label="matmul need")
+            ax.set_xlabel("op time per step (ms)")
+            ax.legend(fontsize=6, loc="lower right")
+
+    save_results("step_profile", result, args, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""``benchmarks.step_profile`` accounts for a step's op time by kind of work."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import step_profile
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("ynn_fusion.17", "matmul"), ("dot.5", "matmul"), ("wrapped_scatter.7", "scatter"),
+    ("gather_bitcast_fusion.28", "gather"), ("select_dynamic-update-slice_fusion", "dynamic slices"),
+    ("wrapped_broadcast.3", "filling buffers"), ("cond.13", "switch dispatch"), ("while.51", "loop control"),
+    ("copy.102", "copies"), ("add_tanh_fusion.4", step_profile.OTHER)])
+def test_kinds_of_xla_op_names(name, kind):
+    assert step_profile.kind(name) == kind
+
+
+def test_exclusive_time_subtracts_nested_ops_per_thread():
+    events = [{"ph": "X", "name": "cond.1", "ts": 0, "dur": 10, "tid": 1},
+              {"ph": "X", "name": "dot.1", "ts": 2, "dur": 3, "tid": 1},
+              {"ph": "X", "name": "dot.1", "ts": 6, "dur": 2, "tid": 1},
+              {"ph": "X", "name": "dot.1", "ts": 1, "dur": 4, "tid": 2},
+              {"ph": "X", "name": "ThunkExecutor::Execute", "ts": 0, "dur": 50, "tid": 1}]
+    assert step_profile.exclusive_times(events) == {"cond.1": 5, "dot.1": 9}
+
+
+def test_quick_profile_adds_up(tmp_path):
+    result = step_profile.main(["--quick", "--batch-sizes", "8", "--repeats", "2", "--json", str(tmp_path / "p.json")])
+    run = result["runs"][0]
+    assert sum(k["ms"] for k in run["kinds"].values()) == pytest.approx(run["op_ms"])
+    assert run["kinds"]["matmul"]["ms"] > 0 and run["matmul_need_ms"] > 0 and run["nodes"] > 8
