@@ -26,6 +26,7 @@ import argparse
 import pathlib
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -111,6 +112,32 @@ def evaluate(trainer: fd.Trainer, params: Any, trees: list[Any],
             "root_binary": root["binary"]}
 
 
+def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
+    """``--optimizer`` at ``--learning-rate``, with L2 (``--l2``, as weight decay added to the
+    gradient) on every weight but the word embeddings, which train at ``--embed-learning-rate``
+    (default: ``--learning-rate``), as Tai et al. (2015) trained them with Adagrad.
+
+    >>> import jax.numpy as jnp
+    >>> args = argparse.Namespace(optimizer="adagrad", learning_rate=0.05, embed_learning_rate=0.1, l2=1e-4)
+    >>> params = {"embedding": {"table": jnp.ones(2)}, "fc": {"w": jnp.ones(2)}}
+    >>> updates, _ = make_optimizer(args).update(jax.tree.map(jnp.zeros_like, params),
+    ...                                          make_optimizer(args).init(params), params)
+    >>> float(updates["embedding"]["table"][0]) == 0, float(updates["fc"]["w"][0]) < 0
+    (True, True)
+    """
+    base = {"adam": optax.adam, "adagrad": optax.adagrad, "sgd": optax.sgd}[args.optimizer]
+    rest = base(args.learning_rate)
+    if args.l2:
+        rest = optax.chain(optax.add_decayed_weights(args.l2), rest)
+    embedding = base(args.embed_learning_rate or args.learning_rate)
+
+    def labels(params: dict) -> dict:
+        return {k: jax.tree.map(lambda _, k=k: "embedding" if k == "embedding" else "rest", v)
+                for k, v in params.items()}
+
+    return optax.multi_transform({"embedding": embedding, "rest": rest}, labels)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -125,7 +152,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--embed-dropout", type=float, default=0.0, help="dropout rate on the word vectors")
     p.add_argument("--paper", action="store_true",
                    help="the Fold paper's variant: --state-size 300 --recurrent-dropout 0.25 --embed-dropout 0.25")
-    add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3)
+    p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
+                   help="Adam, or Adagrad as Tai et al. (2015): --optimizer adagrad --learning-rate 0.05 --l2 1e-4")
+    p.add_argument("--l2", type=float, default=0.0, help="L2 weight decay on every weight but the embeddings")
+    p.add_argument("--embed-learning-rate", type=float, default=None,
+                   help="step size for the word embeddings (default: --learning-rate)")
+    p.add_argument("--patience", type=int, default=None,
+                   help="stop after this many epochs without a better dev root accuracy (default: never)")
+    add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3,
+                       learning_rate_help="step size of --optimizer")
     args = p.parse_args(argv)
     if args.paper:
         args.state_size, args.recurrent_dropout, args.embed_dropout = 300, 0.25, 0.25
@@ -144,9 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
     table = load_glove(args.glove, word_idx, args.embed_size, args.seed) if args.glove else None
 
     compiler = fd.Compiler.create(build_model(word_idx, args, table))
-    trainer = common.trainer(compiler, optax.adam(args.learning_rate), args)
+    trainer = common.trainer(compiler, make_optimizer(args), args)
     dev_recorded = compiler.record(dev)
-    fitted = common.fit(trainer, train_trees, args, "tree_lstm_sst", monitor="dev_root_fine",
+    fitted = common.fit(trainer, train_trees, args, "tree_lstm_sst", monitor="dev_root_fine", patience=args.patience,
                         scores=lambda p: {f"dev_{k}": v for k, v in evaluate(trainer, p, dev, dev_recorded).items()})
     best, history = fitted.best, fitted.history
     results = {"dev": evaluate(trainer, fitted.best_params, dev, dev_recorded),

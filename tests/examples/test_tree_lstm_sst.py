@@ -33,6 +33,38 @@ def test_quick_run_learns(tmp_path):
     assert 1 <= report["best_epoch"] <= 3 and majority < 1
 
 
+def test_tai_optimizer_decays_weights_but_not_embeddings():
+    """Adagrad (Tai et al.): L2 on the cell and readout, none on the embeddings, which take
+    their own step size; compared with optax's Adagrad applied by hand."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    args = tree_lstm_sst.parse_args(["--optimizer", "adagrad", "--learning-rate", "0.05", "--l2", "0.01",
+                                     "--embed-learning-rate", "0.1"])
+    params = {"embedding": {"table": jnp.full(3, 2.0)}, "fc": {"w": jnp.full(3, 2.0), "b": jnp.zeros(3)}}
+    grads = {"embedding": {"table": jnp.full(3, 0.5)}, "fc": {"w": jnp.full(3, 0.5), "b": jnp.full(3, 0.5)}}
+    opt = tree_lstm_sst.make_optimizer(args)
+    updates, _ = opt.update(grads, opt.init(params), params)
+
+    def adagrad(lr, g):
+        return optax.adagrad(lr).update(g, optax.adagrad(lr).init(g))[0]
+
+    np.testing.assert_allclose(updates["embedding"]["table"], adagrad(0.1, grads["embedding"]["table"]), rtol=1e-6)
+    np.testing.assert_allclose(updates["fc"]["w"], adagrad(0.05, grads["fc"]["w"] + 0.01 * 2.0), rtol=1e-6)
+    np.testing.assert_allclose(updates["fc"]["b"], adagrad(0.05, grads["fc"]["b"]), rtol=1e-6)
+    assert jax.tree_util.tree_structure(updates) == jax.tree_util.tree_structure(params)
+
+
+def test_patience_stops_a_run_early(tmp_path):
+    """No run goes on more than ``--patience`` epochs past its best dev epoch."""
+    report = tree_lstm_sst.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path),
+                                 "--optimizer", "adagrad", "--learning-rate", "0.05", "--l2", "1e-4",
+                                 "--patience", "1", "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
+    epochs = [h["epoch"] for h in report["history"]]
+    assert len(epochs) <= report["best_epoch"] + 1 and report["args"]["optimizer"] == "adagrad"
+
+
 def test_paper_flag_selects_the_paper_variant():
     args = tree_lstm_sst.parse_args(["--paper"])
     assert (args.state_size, args.recurrent_dropout, args.embed_dropout) == (300, 0.25, 0.25)
