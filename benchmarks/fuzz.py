@@ -11,7 +11,8 @@ nothing with the scheduler or the executor. An exception is a failure too.
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
 saved every ``SAVE_EVERY`` cases and on Ctrl-C, every mismatch with the seed that reproduces it:
 ``python -m benchmarks.fuzz --case SEED``). A long run may be done in parts: ``--resume`` continues
-the run the results file records from its next seed until it holds ``--cases`` cases.
+the run the results file records from its next seed until it holds ``--cases`` cases, and
+``--jobs N`` runs N cases at once, each in a process of its own (results stay in seed order).
 ``tests/test_fuzz.py`` runs a few cases drawn by ``hypothesis`` in the suite.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import multiprocessing
 import pathlib
 import re
 import time
@@ -128,6 +130,20 @@ def run_case(case: Case) -> tuple[str, int]:
     return model.text, compared
 
 
+def outcome(seed: int) -> tuple[Case, str, dict | None]:
+    """The case of ``seed``, run: its model's description and None, or its failure (a mismatch
+    or any error is a finding). Clears JAX's caches after: every case compiles its own functions,
+    and a long run's memory must stay flat."""
+    case = Case.draw(seed)
+    try:
+        return case, run_case(case)[0], None
+    except Exception as e:
+        return case, "", {"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
+                          "traceback": traceback.format_exc()[-3000:]}
+    finally:
+        jax.clear_caches()
+
+
 def _blocks(text: str) -> list[str]:
     """The block names a model's description mentions."""
     return sorted(set(re.findall(r"[A-Z][A-Za-z]+", text)))
@@ -150,6 +166,8 @@ def main() -> None:
     p.add_argument("--first-seed", type=int, default=0, help="seed of the first case (cases take consecutive seeds)")
     p.add_argument("--case", type=int, default=None, help="rerun the case of this seed only, printing its error")
     p.add_argument("--json", default=None, help="results file (default benchmarks/results/fuzz.json)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cases run at once, each in a process of its own (a case compiles on one core)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run recorded in the results file from its next seed, adding to its counts")
     args = p.parse_args()
@@ -161,6 +179,8 @@ def main() -> None:
         return
     if args.cases < 1:
         raise SystemExit("--cases must be >= 1")
+    if args.jobs < 1:
+        raise SystemExit("--jobs must be >= 1")
     path = pathlib.Path(args.json) if args.json else RESULTS / "fuzz.json"
     state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
                                              "block_counts": {}, "mode_counts": {}, "failed_cases": []}
@@ -173,8 +193,7 @@ def main() -> None:
     modes = collections.Counter(state["mode_counts"])
     path.parent.mkdir(parents=True, exist_ok=True)
     start, done = time.perf_counter(), earlier
-    progress = tqdm(range(first + earlier, first + args.cases), desc="fuzz", unit="case",
-                    initial=earlier, total=args.cases)
+    progress = tqdm(desc="fuzz", unit="case", initial=earlier, total=args.cases)
 
     def save() -> None:
         seconds = state["seconds"] + time.perf_counter() - start
@@ -186,24 +205,29 @@ def main() -> None:
         }
         path.write_text(json.dumps(result, indent=2) + "\n")
 
+    seeds = range(first + earlier, first + args.cases)
+    pool = multiprocessing.get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
     try:
-        for seed in progress:
-            case = Case.draw(seed)
-            try:
-                blocks.update(_blocks(run_case(case)[0]))
-            except Exception as e:  # a mismatch (AssertionError) or any error is a finding
-                failures.append({"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
-                                 "traceback": traceback.format_exc()[-3000:]})
-                progress.write(f"case {seed}: {type(e).__name__}")
+        # Pool.imap hands results back in seed order, so the cases done are always a prefix.
+        for case, text, failure in (pool.imap(outcome, seeds) if pool else map(outcome, seeds)):
+            if failure is None:
+                blocks.update(_blocks(text))
+            else:
+                failures.append(failure)
+                progress.write(f"case {case.seed}: {failure['error'].split(':')[0]}")
             modes[f"backward={case.backward}"] += 1
             modes["recorded" if case.recorded else "walked"] += 1
             done += 1
+            progress.update()
             progress.set_postfix(failures=len(failures))
             if done % SAVE_EVERY == 0:
                 save()  # a long run that is stopped keeps what it found
-            jax.clear_caches()  # every case compiles its own functions; keep memory flat over a long run
     except KeyboardInterrupt:
         print(f"\nstopped after {done} cases; continue with --resume")
+    finally:
+        if pool:
+            pool.terminate()
+        progress.close()
     save()
     print(f"{done} cases (seeds {first}-{first + done - 1}), {len(failures)} failures, "
           f"{state['seconds'] + time.perf_counter() - start:.0f} s in all; results written to {path}")

@@ -29,8 +29,9 @@ def test_a_case_with_ties_under_init_params_matches():
 
 
 def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsys):
-    """``--resume`` continues the recorded run from its next seed and adds to its counts; a run
-    that already holds the cases asked for says so instead of running again."""
+    """``--resume`` continues the recorded run from its next seed and adds to its counts, here with
+    two cases at once in two processes; a run that already holds the cases asked for says so
+    instead of running again."""
     import json
     import sys
 
@@ -43,14 +44,27 @@ def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsy
     fuzz.main()
     first = json.loads(path.read_text())
     assert (first["first_seed"], first["cases_run"], first["failures"]) == (3, 1, 0)
-    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "2", "--json", str(path)])
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "3", "--jobs", "2", "--json", str(path)])
     fuzz.main()
     second = json.loads(path.read_text())
-    assert (second["first_seed"], second["cases_run"], second["failures"]) == (3, 2, 0)
-    assert sum(second["mode_counts"].get(k, 0) for k in ("recorded", "walked")) == 2
-    assert "seeds 3-4" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="already holds 2 cases"):
+    assert (second["first_seed"], second["cases_run"], second["failures"]) == (3, 3, 0)
+    assert sum(second["mode_counts"].get(k, 0) for k in ("recorded", "walked")) == 3
+    assert "seeds 3-5" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="already holds 3 cases"):
         fuzz.main()
     monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--json", str(tmp_path / "missing.json")])
     with pytest.raises(SystemExit, match="cannot continue"):
         fuzz.main()
+
+
+def test_an_error_in_a_case_is_a_recorded_finding(monkeypatch):
+    from benchmarks import fuzz
+
+    def broken(case):
+        raise ValueError("schedule out of bounds")
+
+    monkeypatch.setattr(fuzz, "run_case", broken)
+    case, text, failure = fuzz.outcome(12)
+    assert case == fuzz.Case.draw(12) and text == ""
+    assert failure["case"]["seed"] == 12 and failure["error"] == "ValueError: schedule out of bounds"
+    assert "broken" in failure["traceback"]
