@@ -20,6 +20,32 @@ def test_glove_loader(tmp_path):
     assert table.shape == (2, 3) and np.abs(table[0]).max() < 1
 
 
+def test_glove_vectors_are_the_initial_embeddings(tmp_path):
+    """--glove end to end: the model starts from the file's vectors for the words it has, and a
+    quick run trains from them; a file of another width than --embed-size is refused."""
+    import jax
+
+    import fold as fd
+
+    trees = sst.load("train", SAMPLE)
+    word_idx = sst.vocabulary(trees)
+    words = sorted(word_idx)[:3]
+    glove = tmp_path / "glove.txt"
+    vectors = np.arange(3 * 16, dtype=np.float32).reshape(3, 16) / 100
+    glove.write_text("".join(w + " " + " ".join(map(str, v)) + "\n" for w, v in zip(words, vectors)),
+                     encoding="utf-8")
+    args = tree_lstm_sst.parse_args(["--quick", "--glove", str(glove)])
+    table = tree_lstm_sst.load_glove(glove, word_idx, args.embed_size, seed=0)
+    params = fd.Compiler.create(tree_lstm_sst.build_model(word_idx, args, table)).init(jax.random.key(0))
+    rows = np.asarray(params["embedding"]["table"])[[word_idx[w] for w in words]]
+    np.testing.assert_allclose(rows, vectors, rtol=1e-6)
+    report = tree_lstm_sst.main(["--quick", "--quiet", "--glove", str(glove), "--checkpoint-dir", str(tmp_path),
+                                 "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
+    assert report["history"][-1]["train_loss"] < report["history"][0]["train_loss"]
+    with pytest.raises(ValueError, match="--embed-size is 8"):
+        tree_lstm_sst.load_glove(glove, word_idx, 8, seed=0)
+
+
 def test_quick_run_learns(tmp_path):
     report = tree_lstm_sst.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path),
                                  "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
