@@ -130,18 +130,18 @@ def run_case(case: Case) -> tuple[str, int]:
     return model.text, compared
 
 
-def outcome(seed: int) -> tuple[Case, str, dict | None]:
+def outcome(seed: int) -> tuple[Case, str, dict | None, float]:
     """The case of ``seed``, run: its model's description and None, or its failure (a mismatch
-    or any error is a finding). Clears JAX's caches after: every case compiles its own functions,
-    and a long run's memory must stay flat."""
-    case = Case.draw(seed)
+    or any error is a finding), and the seconds it took. Clears JAX's caches after: every case
+    compiles its own functions, and a long run's memory must stay flat."""
+    case, start = Case.draw(seed), time.perf_counter()
     try:
-        return case, run_case(case)[0], None
+        text, failure = run_case(case)[0], None
     except Exception as e:
-        return case, "", {"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
-                          "traceback": traceback.format_exc()[-3000:]}
-    finally:
-        jax.clear_caches()
+        text, failure = "", {"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
+                             "traceback": traceback.format_exc()[-3000:]}
+    jax.clear_caches()
+    return case, text, failure, time.perf_counter() - start
 
 
 def _blocks(text: str) -> list[str]:
@@ -154,8 +154,10 @@ def _load(path: pathlib.Path) -> dict:
     try:
         result = json.loads(path.read_text())
         return {"first_seed": int(result["first_seed"]), "cases_run": int(result["cases_run"]),
-                "seconds": float(result["seconds"]), "block_counts": dict(result["block_counts"]),
-                "mode_counts": dict(result["mode_counts"]), "failed_cases": list(result["failed_cases"])}
+                "seconds": float(result["seconds"]),
+                "case_seconds": float(result.get("case_seconds", result["seconds"])),
+                "block_counts": dict(result["block_counts"]), "mode_counts": dict(result["mode_counts"]),
+                "failed_cases": list(result["failed_cases"])}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--resume: cannot continue from {path}: {type(e).__name__}: {e}") from None
 
@@ -183,7 +185,8 @@ def main() -> None:
         raise SystemExit("--jobs must be >= 1")
     path = pathlib.Path(args.json) if args.json else RESULTS / "fuzz.json"
     state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
-                                             "block_counts": {}, "mode_counts": {}, "failed_cases": []}
+                                             "case_seconds": 0.0, "block_counts": {}, "mode_counts": {},
+                                             "failed_cases": []}
     first, earlier = state["first_seed"], state["cases_run"]
     if earlier >= args.cases:
         raise SystemExit(f"{path} already holds {earlier} cases (seeds {first}-{first + earlier - 1}); "
@@ -192,14 +195,17 @@ def main() -> None:
     blocks = collections.Counter(state["block_counts"])
     modes = collections.Counter(state["mode_counts"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    start, done = time.perf_counter(), earlier
+    start, done, case_seconds = time.perf_counter(), earlier, state["case_seconds"]
     progress = tqdm(desc="fuzz", unit="case", initial=earlier, total=args.cases)
 
     def save() -> None:
         seconds = state["seconds"] + time.perf_counter() - start
         result = {
             "first_seed": first, "cases_run": done, "cases_asked": args.cases, "failures": len(failures),
-            "seconds": round(seconds, 1), "seconds_per_case": round(seconds / max(done, 1), 2),
+            # seconds: the run's wall time; case_seconds: the cases' own, summed over jobs (a paused
+            # run's pause counts in the first only).
+            "seconds": round(seconds, 1), "case_seconds": round(case_seconds, 1),
+            "seconds_per_case": round(case_seconds / max(done, 1), 2),
             "block_counts": dict(sorted(blocks.items())), "mode_counts": dict(sorted(modes.items())),
             "failed_cases": failures, "machine": machine(),
         }
@@ -209,12 +215,13 @@ def main() -> None:
     pool = multiprocessing.get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
     try:
         # Pool.imap hands results back in seed order, so the cases done are always a prefix.
-        for case, text, failure in (pool.imap(outcome, seeds) if pool else map(outcome, seeds)):
+        for case, text, failure, took in (pool.imap(outcome, seeds) if pool else map(outcome, seeds)):
             if failure is None:
                 blocks.update(_blocks(text))
             else:
                 failures.append(failure)
                 progress.write(f"case {case.seed}: {failure['error'].split(':')[0]}")
+            case_seconds += took
             modes[f"backward={case.backward}"] += 1
             modes["recorded" if case.recorded else "walked"] += 1
             done += 1

@@ -48,6 +48,7 @@ def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsy
     fuzz.main()
     second = json.loads(path.read_text())
     assert (second["first_seed"], second["cases_run"], second["failures"]) == (3, 3, 0)
+    assert 0 < first["case_seconds"] < second["case_seconds"]
     assert sum(second["mode_counts"].get(k, 0) for k in ("recorded", "walked")) == 3
     assert "seeds 3-5" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="already holds 3 cases"):
@@ -64,7 +65,7 @@ def test_an_error_in_a_case_is_a_recorded_finding(monkeypatch):
         raise ValueError("schedule out of bounds")
 
     monkeypatch.setattr(fuzz, "run_case", broken)
-    case, text, failure = fuzz.outcome(12)
-    assert case == fuzz.Case.draw(12) and text == ""
+    case, text, failure, seconds = fuzz.outcome(12)
+    assert case == fuzz.Case.draw(12) and text == "" and seconds >= 0
     assert failure["case"]["seed"] == 12 and failure["error"] == "ValueError: schedule out of bounds"
     assert "broken" in failure["traceback"]
