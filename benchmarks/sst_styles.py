@@ -5,12 +5,12 @@ styles compute the same loss from the same parameters (``tests/benchmarks/test_s
 
 - ``blocks``: the examples' model (``benchmarks.models.sst_model``): built-in
   ``BinaryTreeLSTMCell``, ``Embedding`` and ``FC``, the per-node loss an ``fd.Function``;
-- ``layers``: custom ``fd.Layer``s as a user writes them: a leaf layer that looks its word up in
-  its own table, a pair layer, and the per-node loss as a layer with the readout inside;
-- ``function loss``: the custom leaf and pair layers, the readout a built-in ``FC`` and the loss a
+- ``layers``: custom ``fd.Layer``s as a user writes them: a word lookup with its own table, the
+  cell (one layer for leaves and pairs), and the per-node loss as a layer with the readout inside;
+- ``function loss``: the custom lookup and cell, the readout a built-in ``FC`` and the loss a
   plain ``fd.Function`` of the logits and the label.
 
-Loops, both one SGD step per batch of 64 trees:
+Loops, both one SGD step per batch (``--batch-size``, default 64):
 
 - ``blocking``: ``build_batch`` then the step, reading the loss back every step (a loop that
   logs its loss): host building and device work do not overlap;
