@@ -17,8 +17,9 @@ Loops, both one SGD step per batch (``--batch-size``, default 64):
 - ``stream``: iterating ``compiler.batches`` and blocking once at the end: JAX's asynchronous
   dispatch lets the host build batch i + 1 while the device runs step i.
 
-PyTorch level batching (``benchmarks.sst_peers.TorchLevels``) reads its loss every step too,
-and is measured in the same run (optional: ``pip install torch``).
+PyTorch level batching (``benchmarks.sst_peers.TorchLevels``) and DyNet's automatic batching
+(``DynetAutobatch``) read their loss every step too, and are measured in the same run (optional:
+``pip install torch dynet38``).
 
 Run: ``python -m benchmarks.sst_styles --data-dir DIR`` (``--quick``: the committed sample).
 """
@@ -172,6 +173,18 @@ def fold_loops(compiler: fd.Compiler, params: dict, chunks: list[list]) -> dict[
     return {"blocking": blocking, "stream": stream}
 
 
+def _peer_loop(model: Any, chunks: list[list]) -> Callable[[], None]:
+    """A peer's training loop over ``chunks``, one step per batch (its loss read back every step),
+    after a warm-up step."""
+    model.train_step(chunks[0])
+
+    def loop() -> None:
+        for c in chunks:
+            model.train_step(c)
+
+    return loop
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=64)
@@ -200,24 +213,24 @@ def main(argv: list[str] | None = None) -> dict:
         for loop, fn in fold_loops(compiler, params, chunks).items():
             fn()  # compiles this style's layouts
             loops[f"{style}, {loop}"] = fn
-    if importlib.util.find_spec("torch") is not None:
-        torch_model = sst_peers.TorchLevels(plain, word_idx, lr=LEARNING_RATE)
-        torch_model.train_step(chunks[0])
-
-        def torch_levels() -> None:
-            for c in chunks:
-                torch_model.train_step(c)
-
-        loops["PyTorch levels, blocking"] = torch_levels
+    peers = {"PyTorch levels, blocking": ("torch", sst_peers.TorchLevels),
+             "DyNet autobatch, blocking": ("dynet", sst_peers.DynetAutobatch)}
+    for name, (module, peer) in peers.items():
+        if importlib.util.find_spec(module) is None:
+            print(f"{module} is not installed: {name.split(',')[0]} is skipped")
+            continue
+        loops[name] = _peer_loop(peer(plain, word_idx, lr=LEARNING_RATE), chunks)
     print(f"timing {len(loops)} loops over {n} trees in {len(chunks)} batches, {args.repeats} rounds ...")
     seconds = interleaved_medians(loops, args.repeats)
     rates = {k: n / s for k, s in seconds.items()}
-    levels = rates.get("PyTorch levels, blocking")
-    rows = [[k, f"{r:.0f}", f"{r / levels:.2f}x" if levels else "-"] for k, r in rates.items()]
+    levels, dynet = rates.get("PyTorch levels, blocking"), rates.get("DyNet autobatch, blocking")
+    rows = [[k, f"{r:.0f}", f"{r / levels:.2f}x" if levels else "-", f"{r / dynet:.2f}x" if dynet else "-"]
+            for k, r in rates.items()]
     print_table(f"SST Tree-LSTM, batch {args.batch_size}, H {args.hidden}: trees/s",
-                ["style, loop", "trees/s", "vs PyTorch levels"], rows)
+                ["style, loop", "trees/s", "vs PyTorch levels", "vs DyNet"], rows)
     result = {"batch_size": args.batch_size, "hidden": args.hidden, "trees": n, "repeats": args.repeats,
-              "trees_per_s": rates, "vs_torch_levels": {k: r / levels for k, r in rates.items()} if levels else None}
+              "trees_per_s": rates, "vs_torch_levels": {k: r / levels for k, r in rates.items()} if levels else None,
+              "vs_dynet": {k: r / dynet for k, r in rates.items()} if dynet else None}
 
     def plot(path: Any) -> None:
         with figure(path, (7, 3)) as ax:
