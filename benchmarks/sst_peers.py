@@ -29,6 +29,7 @@ import numpy as np
 
 CLASSES = 5
 FORGET_BIAS = 1.0
+DYNET_MEMORY_MB = 4096
 
 
 def plain_params(fold_params: dict) -> dict[str, np.ndarray]:
@@ -173,7 +174,9 @@ class DynetAutobatch:
     def __init__(self, params: dict[str, np.ndarray], word_idx: dict[str, int], lr: float = 0.05):
         import dynet_config
 
-        dynet_config.set(autobatch=1, random_seed=1)
+        # Autobatching needs its memory pool allocated up front (it cannot grow): a batch of 256
+        # SST trees at H 150 does not fit DyNet's default 512 MB.
+        dynet_config.set(mem=DYNET_MEMORY_MB, autobatch=1, random_seed=1)
         import dynet as dy
 
         self.dy = dy
