@@ -9,7 +9,7 @@ with the reference, which evaluates one example at a time in plain ``jax.numpy``
 nothing with the scheduler or the executor. An exception is a failure too.
 
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
-saved every ``SAVE_EVERY`` cases and on Ctrl-C, every mismatch with the seed that reproduces it:
+saved every ``SAVE_EVERY`` cases and on Ctrl-C or SIGTERM, every mismatch with the seed that reproduces it:
 ``python -m benchmarks.fuzz --case SEED``). A long run may be done in parts: ``--resume`` continues
 the run the results file records from its next seed until it holds ``--cases`` cases, and
 ``--jobs N`` runs N cases at once, each in a process of its own (results stay in seed order).
@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import pathlib
 import re
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -144,6 +145,10 @@ def outcome(seed: int) -> tuple[Case, str, dict | None, float]:
     return case, text, failure, time.perf_counter() - start
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _blocks(text: str) -> list[str]:
     """The block names a model's description mentions."""
     return sorted(set(re.findall(r"[A-Z][A-Za-z]+", text)))
@@ -212,6 +217,9 @@ def main() -> None:
         path.write_text(json.dumps(result, indent=2) + "\n")
 
     seeds = range(first + earlier, first + args.cases)
+    # SIGTERM (kill, or a job scheduler's stop) saves like Ctrl-C; a run started in the background
+    # by a shell ignores SIGINT.
+    signal.signal(signal.SIGTERM, _interrupt)
     pool = multiprocessing.get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
     try:
         # Pool.imap hands results back in seed order, so the cases done are always a prefix.

@@ -69,3 +69,23 @@ def test_an_error_in_a_case_is_a_recorded_finding(monkeypatch):
     assert case == fuzz.Case.draw(12) and text == "" and seconds >= 0
     assert failure["case"]["seed"] == 12 and failure["error"] == "ValueError: schedule out of bounds"
     assert "broken" in failure["traceback"]
+
+
+def test_a_terminated_run_saves_what_it_found(tmp_path):
+    """SIGTERM stops a long run like Ctrl-C: the results file keeps the cases done, for --resume."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "fuzz.json"
+    run = subprocess.Popen([sys.executable, "-m", "benchmarks.fuzz", "--first-seed", "3", "--cases", "200",
+                            "--json", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(12)  # imports and at least the start of the first case
+    run.send_signal(signal.SIGTERM)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 0, out
+    assert "continue with --resume" in out
+    result = json.loads(path.read_text())
+    assert result["first_seed"] == 3 and 0 <= result["cases_run"] < 200 and result["failures"] == 0
