@@ -81,6 +81,9 @@ def test_tai_optimizer_decays_weights_but_not_embeddings():
     assert jax.tree_util.tree_structure(updates) == jax.tree_util.tree_structure(params)
 
 
+# Slow: a full quick run to check the flag's plumbing; the Trainer's patience is tested in
+# tests/test_trainer.py.
+@pytest.mark.slow
 def test_patience_stops_a_run_early(tmp_path):
     """No run goes on more than ``--patience`` epochs past its best dev epoch."""
     report = tree_lstm_sst.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path),
