@@ -47,13 +47,6 @@ LEARNING_RATE = 0.05
 STYLES = ("blocks", "layers", "function loss")
 
 
-def _cell(p: dict, x: jax.Array, cl: jax.Array, hl: jax.Array, cr: jax.Array, hr: jax.Array) -> tuple:
-    z = jnp.concatenate([x, hl, hr], -1) @ p["w"] + p["b"]
-    i, fl, fr, o, u = jnp.split(z, 5, -1)
-    c = jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl + 1.0) * cl + jax.nn.sigmoid(fr + 1.0) * cr
-    return c, jax.nn.sigmoid(o) * jnp.tanh(c)
-
-
 class Lookup(fd.Layer):
     """A word index -> its row of the layer's own table (-1, an unknown word: zeros)."""
 
@@ -82,7 +75,10 @@ class Cell(fd.Layer):
 
     def apply(self, params: dict, x: jax.Array, cl: jax.Array, hl: jax.Array, cr: jax.Array,
               hr: jax.Array) -> tuple:
-        return _cell(params, x, cl, hl, cr, hr)
+        z = jnp.concatenate([x, hl, hr], -1) @ params["w"] + params["b"]
+        i, fl, fr, o, u = jnp.split(z, 5, -1)
+        c = jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl + 1.0) * cl + jax.nn.sigmoid(fr + 1.0) * cr
+        return c, jax.nn.sigmoid(o) * jnp.tanh(c)
 
 
 class NodeLoss(fd.Layer):

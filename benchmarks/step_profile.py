@@ -108,11 +108,6 @@ def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
     return median_seconds(lambda: jax.block_until_ready(products(x, w, dy)), repeats)
 
 
-def nodes(tree: Any) -> int:
-    """Nodes of an SST tree (``(label, word)`` leaves, ``(label, left, right)`` pairs)."""
-    return 1 if len(tree) == 2 else 1 + nodes(tree[1]) + nodes(tree[2])
-
-
 def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: int) -> dict:
     compiler = fd.Compiler.create(models.sst_model(word_idx, hidden))
     params = compiler.init(jax.random.key(0))
@@ -130,7 +125,7 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: 
     for name, us in own.items():
         table[kind(name)][phase.get(name, "other")] += us / repeats / 1000
     op_ms = sum(sum(v.values()) for v in table.values())
-    rows = sum(nodes(t) for t in examples)
+    rows = sum(2 * len(sst.words(t)) - 1 for t in examples)  # binary trees: n leaves, n - 1 pairs
     need = matmul_need(rows, params["binary_tree_lstm_cell"]["w"], repeats)
     return {
         "hidden": hidden, "batch_size": batch_size, "nodes": rows, "layout": str(batch.layout),
