@@ -12,7 +12,7 @@ Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/result
 saved every ``SAVE_EVERY`` cases and on Ctrl-C or SIGTERM, every mismatch with the seed that reproduces it:
 ``python -m benchmarks.fuzz --case SEED``). A long run may be done in parts: ``--resume`` continues
 the run the results file records from its next seed until it holds ``--cases`` cases, and
-``--jobs N`` runs N cases at once, each in a process of its own (results stay in seed order).
+``--jobs N`` runs N cases at once in worker processes (results stay in seed order).
 ``tests/test_fuzz.py`` runs a few cases drawn by ``hypothesis`` in the suite.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import multiprocessing
 import pathlib
@@ -43,6 +44,11 @@ MODES = ("save", "auto", "recompute")
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
 # Cases between saves of the results file during a run.
 SAVE_EVERY = 20
+# Cases a process runs between clearings of JAX's caches. Every case compiles functions of its own
+# (about 45 MB a case kept), but clearing after each one also drops the small eager operations
+# (``init``, the reference) that every case shares, which then compile again: 30 cases took 226 s
+# clearing after each and 182 s never clearing. Every 10 cases bounds a worker's growth to ~0.5 GB.
+CLEAR_EVERY = 10
 # Tolerances of float32 batched against per-example evaluation (sums in another order).
 RTOL, ATOL, GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-6, 1e-4, 2e-5
 
@@ -131,17 +137,21 @@ def run_case(case: Case) -> tuple[str, int]:
     return model.text, compared
 
 
+_cases_in_process = itertools.count(1)
+
+
 def outcome(seed: int) -> tuple[Case, str, dict | None, float]:
     """The case of ``seed``, run: its model's description and None, or its failure (a mismatch
-    or any error is a finding), and the seconds it took. Clears JAX's caches after: every case
-    compiles its own functions, and a long run's memory must stay flat."""
+    or any error is a finding), and the seconds it took. Clears JAX's caches every
+    ``CLEAR_EVERY`` cases of this process, so that a long run's memory stays flat."""
     case, start = Case.draw(seed), time.perf_counter()
     try:
         text, failure = run_case(case)[0], None
     except Exception as e:
         text, failure = "", {"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
                              "traceback": traceback.format_exc()[-3000:]}
-    jax.clear_caches()
+    if next(_cases_in_process) % CLEAR_EVERY == 0:
+        jax.clear_caches()
     return case, text, failure, time.perf_counter() - start
 
 
@@ -220,10 +230,14 @@ def main() -> None:
     # SIGTERM (kill, or a job scheduler's stop) saves like Ctrl-C; a run started in the background
     # by a shell ignores SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
-    pool = multiprocessing.get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
+    # Cases run in worker processes even with --jobs 1: a stop then never interrupts JAX inside this
+    # process (an interrupt in the middle of a compilation could crash the interpreter's exit, after
+    # the results were saved), and the workers, which ignore Ctrl-C, are terminated with the pool.
+    pool = multiprocessing.get_context("spawn").Pool(args.jobs, initializer=signal.signal,
+                                                     initargs=(signal.SIGINT, signal.SIG_IGN))
     try:
         # Pool.imap hands results back in seed order, so the cases done are always a prefix.
-        for case, text, failure, took in (pool.imap(outcome, seeds) if pool else map(outcome, seeds)):
+        for case, text, failure, took in pool.imap(outcome, seeds):
             if failure is None:
                 blocks.update(_blocks(text))
             else:
@@ -240,8 +254,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print(f"\nstopped after {done} cases; continue with --resume")
     finally:
-        if pool:
-            pool.terminate()
+        pool.terminate()
         progress.close()
     save()
     print(f"{done} cases (seeds {first}-{first + done - 1}), {len(failures)} failures, "
