@@ -166,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="step size for the word embeddings (default: --learning-rate)")
     p.add_argument("--patience", type=int, default=None,
                    help="stop after this many epochs without a better dev root accuracy (default: never)")
+    p.add_argument("--no-test", action="store_true",
+                   help="evaluate on dev only, as a search should (the test set once, at the end)")
     add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3,
                        learning_rate_help="step size of --optimizer")
     args = p.parse_args(argv)
@@ -181,7 +183,6 @@ def main(argv: list[str] | None = None) -> dict:
     small = 640 if args.quick else None
     train_trees = sst.load("train", sst.data_dir(args.data_dir, args.quick), small)
     dev = sst.load("dev", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None)
-    test = sst.load("test", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None)
     word_idx = sst.vocabulary(train_trees)
     table = load_glove(args.glove, word_idx, args.embed_size, args.seed) if args.glove else None
 
@@ -191,8 +192,10 @@ def main(argv: list[str] | None = None) -> dict:
     fitted = common.fit(trainer, train_trees, args, "tree_lstm_sst", monitor="dev_root_fine", patience=args.patience,
                         scores=lambda p: {f"dev_{k}": v for k, v in evaluate(trainer, p, dev, dev_recorded).items()})
     best, history = fitted.best, fitted.history
-    results = {"dev": evaluate(trainer, fitted.best_params, dev, dev_recorded),
-               "test": evaluate(trainer, fitted.best_params, test)}
+    results = {"dev": evaluate(trainer, fitted.best_params, dev, dev_recorded)}
+    if not args.no_test:
+        test = sst.load("test", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None)
+        results["test"] = evaluate(trainer, fitted.best_params, test)
     print_table(f"SST Tree-LSTM (best dev epoch {best['epoch']})",
                 ["split", "root fine-grained", "all nodes fine-grained", "root binary"],
                 [[s, r["root_fine"], r["all_nodes_fine"], r["root_binary"]] for s, r in results.items()])

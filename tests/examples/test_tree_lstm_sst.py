@@ -40,8 +40,9 @@ def test_glove_vectors_are_the_initial_embeddings(tmp_path):
     rows = np.asarray(params["embedding"]["table"])[[word_idx[w] for w in words]]
     np.testing.assert_allclose(rows, vectors, rtol=1e-6)
     report = tree_lstm_sst.main(["--quick", "--quiet", "--glove", str(glove), "--checkpoint-dir", str(tmp_path),
-                                 "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
+                                 "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json"), "--no-test"])
     assert report["history"][-1]["train_loss"] < report["history"][0]["train_loss"]
+    assert list(report["results"]) == ["dev"]  # --no-test: the test set is not evaluated
     with pytest.raises(ValueError, match="--embed-size is 8"):
         tree_lstm_sst.load_glove(glove, word_idx, 8, seed=0)
 
