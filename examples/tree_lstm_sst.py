@@ -119,20 +119,28 @@ def _adagrad(learning_rate: float) -> optax.GradientTransformation:
     return optax.adagrad(learning_rate, initial_accumulator_value=0.0, eps=1e-10)
 
 
-def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
+def make_optimizer(args: argparse.Namespace, steps_per_epoch: int = 1) -> optax.GradientTransformation:
     """``--optimizer`` at ``--learning-rate``, with L2 (``--l2``, as weight decay added to the
     gradient) on every weight but the word embeddings, which train at ``--embed-learning-rate``
-    (default: ``--learning-rate``), as Tai et al. (2015) trained them with Adagrad.
+    (default: ``--learning-rate``), as Tai et al. (2015) trained them with Adagrad. Both rates
+    are multiplied by ``--lr-decay`` after every epoch of ``steps_per_epoch`` steps.
 
     >>> import jax.numpy as jnp
-    >>> args = argparse.Namespace(optimizer="adagrad", learning_rate=0.05, embed_learning_rate=0.1, l2=1e-4)
+    >>> args = argparse.Namespace(optimizer="adagrad", learning_rate=0.05, embed_learning_rate=0.1, l2=1e-4,
+    ...                           lr_decay=1.0)
     >>> params = {"embedding": {"table": jnp.ones(2)}, "fc": {"w": jnp.ones(2)}}
     >>> updates, _ = make_optimizer(args).update(jax.tree.map(jnp.zeros_like, params),
     ...                                          make_optimizer(args).init(params), params)
     >>> float(updates["embedding"]["table"][0]) == 0, float(updates["fc"]["w"][0]) < 0
     (True, True)
     """
-    base = {"adam": optax.adam, "adagrad": _adagrad, "sgd": optax.sgd}[args.optimizer]
+    optimizer = {"adam": optax.adam, "adagrad": _adagrad, "sgd": optax.sgd}[args.optimizer]
+
+    def base(rate: float) -> optax.GradientTransformation:
+        if args.lr_decay == 1.0:
+            return optimizer(rate)
+        return optimizer(optax.exponential_decay(rate, steps_per_epoch, args.lr_decay, staircase=True))
+
     rest = base(args.learning_rate)
     if args.l2:
         rest = optax.chain(optax.add_decayed_weights(args.l2), rest)
@@ -166,11 +174,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="step size for the word embeddings (default: --learning-rate)")
     p.add_argument("--patience", type=int, default=None,
                    help="stop after this many epochs without a better dev root accuracy (default: never)")
+    p.add_argument("--lr-decay", type=float, default=1.0,
+                   help="multiply the learning rates by this after every epoch (1: constant)")
     p.add_argument("--no-test", action="store_true",
                    help="evaluate on dev only, as a search should (the test set once, at the end)")
     add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3,
                        learning_rate_help="step size of --optimizer")
     args = p.parse_args(argv)
+    if not 0.0 < args.lr_decay <= 1.0:
+        p.error(f"--lr-decay must be in (0, 1], got {args.lr_decay}")
     if args.paper:
         args.state_size, args.recurrent_dropout, args.embed_dropout = 300, 0.25, 0.25
     if args.quick:
@@ -187,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     table = load_glove(args.glove, word_idx, args.embed_size, args.seed) if args.glove else None
 
     compiler = fd.Compiler.create(build_model(word_idx, args, table))
-    trainer = common.trainer(compiler, make_optimizer(args), args)
+    trainer = common.trainer(compiler, make_optimizer(args, len(train_trees) // args.batch_size), args)
     dev_recorded = compiler.record(dev)
     fitted = common.fit(trainer, train_trees, args, "tree_lstm_sst", monitor="dev_root_fine", patience=args.patience,
                         scores=lambda p: {f"dev_{k}": v for k, v in evaluate(trainer, p, dev, dev_recorded).items()})

@@ -82,6 +82,24 @@ def test_tai_optimizer_decays_weights_but_not_embeddings():
     assert jax.tree_util.tree_structure(updates) == jax.tree_util.tree_structure(params)
 
 
+def test_lr_decay_scales_both_learning_rates_after_each_epoch():
+    """SGD with --lr-decay 0.5 and 2 steps an epoch: steps 0-1 at the full rates, 2-3 at half."""
+    import jax.numpy as jnp
+    args = tree_lstm_sst.parse_args(["--optimizer", "sgd", "--learning-rate", "0.1", "--embed-learning-rate", "0.2",
+                                     "--lr-decay", "0.5"])
+    params = {"embedding": {"table": jnp.ones(2)}, "fc": {"w": jnp.ones(2)}}
+    grads = {"embedding": {"table": jnp.ones(2)}, "fc": {"w": jnp.ones(2)}}
+    opt = tree_lstm_sst.make_optimizer(args, steps_per_epoch=2)
+    state, steps = opt.init(params), []
+    for _ in range(4):
+        updates, state = opt.update(grads, state, params)
+        steps.append((float(updates["fc"]["w"][0]), float(updates["embedding"]["table"][0])))
+    np.testing.assert_allclose(steps, [(-0.1, -0.2), (-0.1, -0.2), (-0.05, -0.1), (-0.05, -0.1)], rtol=1e-6)
+    for bad in ("0", "1.5", "-0.1"):
+        with pytest.raises(SystemExit):
+            tree_lstm_sst.parse_args(["--lr-decay", bad])
+
+
 # Slow: a full quick run to check the flag's plumbing; the Trainer's patience is tested in
 # tests/test_trainer.py.
 @pytest.mark.slow
