@@ -255,6 +255,14 @@ def _leaves_and_labels(tree: tuple, word_idx: dict[str, int]) -> tuple[list[int]
     return words, labels
 
 
+def jax_cell(w: jax.Array, b: jax.Array, x: jax.Array, cl: jax.Array, hl: jax.Array, cr: jax.Array,
+             hr: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The binary Tree-LSTM cell in plain ``jax.numpy`` (one node or rows of nodes): ``(c, h)``."""
+    i, fl, fr, o, u = jnp.split(jnp.concatenate([x, hl, hr], -1) @ w + b, 5, -1)
+    c = jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl + FORGET_BIAS) * cl + jax.nn.sigmoid(fr + FORGET_BIAS) * cr
+    return c, jax.nn.sigmoid(o) * jnp.tanh(c)
+
+
 def _jax_tree_loss(shape: Any) -> Callable:
     """Summed per-node loss of one tree shaped like ``shape``: ``f(params, words, labels)``."""
 
@@ -264,10 +272,7 @@ def _jax_tree_loss(shape: Any) -> Callable:
         leaf_pos, hs = iter(range(words.shape[0])), []
 
         def cell(x, cl, hl, cr, hr):
-            i, fl, fr, o, u = jnp.split(jnp.concatenate([x, hl, hr]) @ p["cell_w"] + p["cell_b"], 5)
-            c = (jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl + FORGET_BIAS) * cl
-                 + jax.nn.sigmoid(fr + FORGET_BIAS) * cr)
-            return c, jax.nn.sigmoid(o) * jnp.tanh(c)
+            return jax_cell(p["cell_w"], p["cell_b"], x, cl, hl, cr, hr)
 
         def go(s: Any) -> tuple[jax.Array, jax.Array]:
             if s is None:

@@ -75,10 +75,7 @@ class Cell(fd.Layer):
 
     def apply(self, params: dict, x: jax.Array, cl: jax.Array, hl: jax.Array, cr: jax.Array,
               hr: jax.Array) -> tuple:
-        z = jnp.concatenate([x, hl, hr], -1) @ params["w"] + params["b"]
-        i, fl, fr, o, u = jnp.split(z, 5, -1)
-        c = jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl + 1.0) * cl + jax.nn.sigmoid(fr + 1.0) * cr
-        return c, jax.nn.sigmoid(o) * jnp.tanh(c)
+        return sst_peers.jax_cell(params["w"], params["b"], x, cl, hl, cr, hr)
 
 
 class NodeLoss(fd.Layer):

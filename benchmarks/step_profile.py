@@ -125,7 +125,7 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: 
     for name, us in own.items():
         table[kind(name)][phase.get(name, "other")] += us / repeats / 1000
     op_ms = sum(sum(v.values()) for v in table.values())
-    rows = sum(2 * len(sst.words(t)) - 1 for t in examples)  # binary trees: n leaves, n - 1 pairs
+    rows = sum(sst.nodes(t) for t in examples)
     need = matmul_need(rows, params["binary_tree_lstm_cell"]["w"], repeats)
     return {
         "hidden": hidden, "batch_size": batch_size, "nodes": rows, "layout": str(batch.layout),

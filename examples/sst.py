@@ -151,6 +151,11 @@ def parse_tree(line: str) -> Any:
     return root
 
 
+def nodes(tree: Any) -> int:
+    """Nodes of a binary SST tree: its n leaves and n - 1 pairs."""
+    return 2 * len(words(tree)) - 1
+
+
 def words(tree: Any) -> list[str]:
     """The leaves' words, left to right."""
     out, stack = [], [tree]

@@ -107,7 +107,7 @@ def evaluate(trainer: fd.Trainer, params: Any, trees: list[Any],
     data = trees if recorded is None else recorded
     root = sst.sentiment_accuracies(trainer.predict(params, data), np.array([t[0] for t in trees]))
     node = trainer.evaluate(params, data, per_example=True)["node_correct"]
-    sizes = np.array([len(sst.words(t)) * 2 - 1 for t in trees])
+    sizes = np.array([sst.nodes(t) for t in trees])
     return {"root_fine": root["fine"], "all_nodes_fine": float((node * sizes).sum() / sizes.sum()),
             "root_binary": root["binary"]}
 
