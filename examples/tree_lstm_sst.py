@@ -65,6 +65,13 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
     if args.embed_dropout:
         embedding = embedding >> fd.Dropout(args.embed_dropout)
     readout = fd.FC(CLASSES, activation=None)
+    output_dropout = fd.Dropout(args.output_dropout) if args.output_dropout else None
+
+    def to_logits() -> fd.Block:
+        """state -> logits. The logits read h through ``output_dropout``, the parent reads h
+        without it (Fold's ``DropoutWrapper`` with ``output_keep_prob``)."""
+        h = fd.GetItem(1) >> fd.Function(output_dropout) if output_dropout else fd.GetItem(1)
+        return h >> fd.Function(readout)
 
     def cross_entropy(z, y):
         return optax.softmax_cross_entropy_with_integer_labels(z, y)
@@ -77,7 +84,7 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
         c = fd.Composition()
         with c.scope():
             s = compute_state.reads(c.input)
-            logits = (fd.GetItem(1) >> fd.Function(readout)).reads(s)
+            logits = to_logits().reads(s)
             label = (fd.GetItem(0) >> fd.Scalar("int32")).reads(c.input)
             fd.Metric("loss").reads(fd.Function(cross_entropy).reads(logits, label))
             fd.Metric("node_correct").reads(fd.Function(accuracy).reads(logits, label))
@@ -93,7 +100,7 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
 
     root = fd.Composition()
     with root.scope():
-        logits = (tree() >> fd.GetItem(1) >> fd.Function(readout)).reads(root.input)
+        logits = (tree() >> to_logits()).reads(root.input)
         label = (fd.GetItem(0) >> fd.Scalar("int32")).reads(root.input)
         fd.Metric("root_correct").reads(fd.Function(accuracy).reads(logits, label))
         root.output.reads(logits)
@@ -165,6 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recurrent-dropout", type=float, default=0.0,
                    help="dropout rate on the cell's candidate update (Semeniuta et al. 2016)")
     p.add_argument("--embed-dropout", type=float, default=0.0, help="dropout rate on the word vectors")
+    p.add_argument("--output-dropout", type=float, default=0.0,
+                   help="dropout rate on each node's state where its logits read it (its parent reads it whole)")
     p.add_argument("--paper", action="store_true",
                    help="the Fold paper's variant: --state-size 300 --recurrent-dropout 0.25 --embed-dropout 0.25")
     p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
@@ -181,6 +190,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3,
                        learning_rate_help="step size of --optimizer")
     args = p.parse_args(argv)
+    for flag in ("recurrent_dropout", "embed_dropout", "output_dropout"):
+        if not 0.0 <= getattr(args, flag) < 1.0:
+            p.error(f"--{flag.replace('_', '-')} must be in [0, 1), got {getattr(args, flag)}")
     if not 0.0 < args.lr_decay <= 1.0:
         p.error(f"--lr-decay must be in (0, 1], got {args.lr_decay}")
     if args.paper:

@@ -117,6 +117,37 @@ def test_paper_flag_selects_the_paper_variant():
     assert (args.state_size, args.recurrent_dropout, args.embed_dropout) == (300, 0.25, 0.25)
 
 
+def test_output_dropout_drops_what_the_logits_read_but_not_what_the_parent_reads():
+    """With state size 5 and an identity readout, a root's logits are its h. With
+    ``--output-dropout`` and a key, each is either 0 or the h of the same model without it, scaled
+    by 1 / (1 - rate): the h itself, computed from children that were not dropped, is unchanged."""
+    import jax
+
+    import fold as fd
+
+    trees = sst.load("train", SAMPLE)[:8]
+    word_idx = sst.vocabulary(trees)
+    flags = ["--state-size", "5", "--embed-size", "4"]
+    plain = fd.Compiler.create(tree_lstm_sst.build_model(word_idx, tree_lstm_sst.parse_args(flags)))
+    dropped = fd.Compiler.create(tree_lstm_sst.build_model(
+        word_idx, tree_lstm_sst.parse_args([*flags, "--output-dropout", "0.5"])))
+    params = plain.init(jax.random.key(0))
+    (readout,) = [k for k in params if k.startswith("fc")]
+    params[readout] = {"w": np.eye(5, dtype=np.float32), "b": np.zeros(5, np.float32)}
+    h = np.asarray(plain.apply(params, plain.build_batch(trees)).outputs)
+    params = {**dropped.init(jax.random.key(0)), **params}  # and the dropout layer's (empty) entry
+    batch = dropped.build_batch(trees)
+    np.testing.assert_array_equal(dropped.apply(params, batch).outputs, h)  # no key: no dropout
+    out = np.asarray(dropped.apply(params, batch, jax.random.key(1)).outputs)
+    kept = out != 0
+    assert 0.2 < kept.mean() < 0.8
+    np.testing.assert_allclose(out[kept], 2 * h[kept], rtol=1e-6)
+    for flag in ("--output-dropout", "--embed-dropout", "--recurrent-dropout"):
+        for bad in ("1", "-0.1"):
+            with pytest.raises(SystemExit):
+                tree_lstm_sst.parse_args([flag, bad])
+
+
 # Slow (about a minute on a 2-core CI machine, mostly compiling the dropout
 # layouts); dropout inside the loop is covered by tests/compiler/test_randomness.py.
 @pytest.mark.slow
