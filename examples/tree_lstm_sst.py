@@ -15,7 +15,9 @@ update plus dropout on the word vectors, both at rate 0.25 (keep 0.75), no
 L2. Dropout runs during training steps only (``compiler.apply`` gets a key).
 
 Words are embedded from scratch, or from a GloVe-format text file
-(``--glove PATH``: ``word v1 v2 ...`` per line). Unknown words embed to zeros.
+(``--glove PATH``: ``word v1 v2 ...`` per line). Words not seen in training
+embed to zeros; with ``--word-dropout P`` they share a learned vector instead,
+which training learns by replacing each word with it with probability P.
 
 Run: ``python -m examples.tree_lstm_sst`` (``--quick`` for a few-second run).
 """
@@ -36,6 +38,8 @@ from examples import common, sst
 from examples.common import add_training_flags, print_table, write_report
 
 CLASSES = 5
+# The vocabulary's entry for words not seen in training, with --word-dropout.
+UNKNOWN = "<unknown>"
 
 
 def load_glove(path: str | pathlib.Path, word_idx: dict[str, int], size: int, seed: int) -> np.ndarray:
@@ -54,6 +58,28 @@ def load_glove(path: str | pathlib.Path, word_idx: dict[str, int], size: int, se
             found += 1
     print(f"GloVe: {found} of {len(word_idx)} words found in {path}")
     return table
+
+
+class WordDropout(fd.Layer):
+    """Word ids -> the same ids, each replaced by ``unknown`` with probability ``rate`` when
+    ``compiler.apply`` gets a key (Iyyer et al. 2015): training then learns the vector that words
+    not seen in training get at evaluation."""
+
+    stochastic = True
+
+    def __init__(self, rate: float, unknown: int):
+        super().__init__()
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"WordDropout needs a rate in [0, 1), got {rate}")
+        self.rate, self.unknown = rate, unknown
+
+    def init(self, key: jax.Array, input_type: fd.Type) -> dict:
+        return {}
+
+    def apply(self, params: dict, ids: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        if key is None or not self.rate:
+            return ids
+        return jnp.where(jax.random.bernoulli(key, self.rate, ids.shape), self.unknown, ids)
 
 
 def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.ndarray | None = None) -> fd.Block:
@@ -92,7 +118,12 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
         return c
 
     tree = fd.ForwardDeclaration(fd.PyObjectType(), state)
-    word = fd.GetItem(1) >> fd.InputTransform(word_idx.get) >> fd.Optional(fd.Scalar("int32") >> embedding)
+    if args.word_dropout:
+        unknown = word_idx[UNKNOWN]
+        word = (fd.GetItem(1) >> fd.InputTransform(lambda w: word_idx.get(w, unknown)) >> fd.Scalar("int32")
+                >> fd.Function(WordDropout(args.word_dropout, unknown)) >> embedding)
+    else:
+        word = fd.GetItem(1) >> fd.InputTransform(word_idx.get) >> fd.Optional(fd.Scalar("int32") >> embedding)
     leaf = fd.AllOf(word, fd.Zeros(fd.TupleType(state, state))) >> fd.Function(cell) >> fd.GetItem(1)
     pair = (fd.AllOf(fd.Zeros(fd.TensorType((args.embed_size,))), fd.Record([(1, tree()), (2, tree())]))
             >> fd.Function(cell) >> fd.GetItem(1))
@@ -174,6 +205,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--embed-dropout", type=float, default=0.0, help="dropout rate on the word vectors")
     p.add_argument("--output-dropout", type=float, default=0.0,
                    help="dropout rate on each node's state where its logits read it (its parent reads it whole)")
+    p.add_argument("--word-dropout", type=float, default=0.0,
+                   help="replace each training word by a learned unknown-word vector with this probability; "
+                        "words not seen in training get that vector (default 0: they embed to zeros)")
     p.add_argument("--paper", action="store_true",
                    help="the Fold paper's variant: --state-size 300 --recurrent-dropout 0.25 --embed-dropout 0.25")
     p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
@@ -190,7 +224,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_training_flags(p, "tree_lstm_sst", epochs=10, batch_size=25, learning_rate=1e-3,
                        learning_rate_help="step size of --optimizer")
     args = p.parse_args(argv)
-    for flag in ("recurrent_dropout", "embed_dropout", "output_dropout"):
+    for flag in ("recurrent_dropout", "embed_dropout", "output_dropout", "word_dropout"):
         if not 0.0 <= getattr(args, flag) < 1.0:
             p.error(f"--{flag.replace('_', '-')} must be in [0, 1), got {getattr(args, flag)}")
     if not 0.0 < args.lr_decay <= 1.0:
@@ -208,6 +242,8 @@ def main(argv: list[str] | None = None) -> dict:
     train_trees = sst.load("train", sst.data_dir(args.data_dir, args.quick), small)
     dev = sst.load("dev", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None)
     word_idx = sst.vocabulary(train_trees)
+    if args.word_dropout:
+        word_idx[UNKNOWN] = len(word_idx)
     table = load_glove(args.glove, word_idx, args.embed_size, args.seed) if args.glove else None
 
     compiler = fd.Compiler.create(build_model(word_idx, args, table))

@@ -148,6 +148,39 @@ def test_output_dropout_drops_what_the_logits_read_but_not_what_the_parent_reads
                 tree_lstm_sst.parse_args([flag, bad])
 
 
+def test_word_dropout_trains_the_vector_unknown_words_get():
+    """--word-dropout: words not seen in training embed to the unknown-word row (not zeros),
+    training replaces words by it at about the rate, and evaluation replaces none."""
+    import jax
+
+    import fold as fd
+
+    layer = tree_lstm_sst.WordDropout(0.3, unknown=7)
+    ids = np.arange(7, dtype=np.int32).repeat(1000)
+    np.testing.assert_array_equal(layer.apply({}, ids), ids)  # no key
+    out = np.asarray(layer.apply({}, ids, key=jax.random.key(0)))
+    assert set(out[out != ids].tolist()) == {7} and abs((out == 7).mean() - 0.3) < 0.02
+    with pytest.raises(ValueError, match="rate in"):
+        tree_lstm_sst.WordDropout(1.0, unknown=7)
+
+    trees = sst.load("train", SAMPLE)[:8]
+    word_idx = {**sst.vocabulary(trees[:4]), tree_lstm_sst.UNKNOWN: len(sst.vocabulary(trees[:4]))}
+    args = tree_lstm_sst.parse_args(["--state-size", "5", "--embed-size", "4", "--word-dropout", "0.5"])
+    compiler = fd.Compiler.create(tree_lstm_sst.build_model(word_idx, args))
+    params = compiler.init(jax.random.key(0))
+    unseen, unknown = (0, "unseen-word"), (0, tree_lstm_sst.UNKNOWN)  # leaves: (label, word)
+    out = compiler.apply(params, compiler.build_batch([unseen, unknown, trees[5]])).outputs
+    np.testing.assert_array_equal(out[0], out[1])
+
+    def loss(p, key):
+        return compiler.apply(p, compiler.build_batch(trees[:4]), key).metrics["loss"].mean()
+
+    table = params["embedding"]["table"]
+    assert not np.any(jax.grad(loss)(params, None)["embedding"]["table"][-1])  # evaluation: never used
+    assert np.any(jax.grad(loss)(params, jax.random.key(1))["embedding"]["table"][-1])  # training: learned
+    assert table.shape[0] == len(word_idx)
+
+
 # Slow (about a minute on a 2-core CI machine, mostly compiling the dropout
 # layouts); dropout inside the loop is covered by tests/compiler/test_randomness.py.
 @pytest.mark.slow
