@@ -175,10 +175,9 @@ def test_word_dropout_trains_the_vector_unknown_words_get():
     def loss(p, key):
         return compiler.apply(p, compiler.build_batch(trees[:4]), key).metrics["loss"].mean()
 
-    table = params["embedding"]["table"]
-    assert not np.any(jax.grad(loss)(params, None)["embedding"]["table"][-1])  # evaluation: never used
-    assert np.any(jax.grad(loss)(params, jax.random.key(1))["embedding"]["table"][-1])  # training: learned
-    assert table.shape[0] == len(word_idx)
+    # Trees 0-3 have no unseen word: only the replacements reach the unknown row.
+    assert np.any(jax.grad(loss)(params, jax.random.key(1))["embedding"]["table"][-1])
+    assert params["embedding"]["table"].shape[0] == len(word_idx)
 
 
 # Slow (about a minute on a 2-core CI machine, mostly compiling the dropout
