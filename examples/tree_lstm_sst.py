@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -38,6 +39,7 @@ from examples import common, sst
 from examples.common import add_training_flags, print_table, write_report
 
 CLASSES = 5
+NEUTRAL = 2
 # The vocabulary's entry for words not seen in training, with --word-dropout.
 UNKNOWN = "<unknown>"
 
@@ -83,14 +85,15 @@ class WordDropout(fd.Layer):
 
 
 def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.ndarray | None = None) -> fd.Block:
-    """SST tree -> root logits; metrics over every node and at the root."""
+    """SST tree -> root logits; metrics over every node and at the root. With ``args.binary``,
+    two classes (negative: labels 0-1, positive: 3-4) and no metrics on neutral nodes."""
     h = fd.TensorType((args.state_size,))
     state = fd.TupleType(h, h)
     cell = fd.BinaryTreeLSTMCell(args.state_size, recurrent_dropout=args.recurrent_dropout)
-    embedding = fd.Function(fd.Embedding(len(word_idx), args.embed_size, initializer=table))
-    if args.embed_dropout:
-        embedding = embedding >> fd.Dropout(args.embed_dropout)
-    readout = fd.FC(CLASSES, activation=None)
+    embedding = fd.Embedding(len(word_idx), args.embed_size, initializer=table)
+    embed_dropout = fd.Dropout(args.embed_dropout) if args.embed_dropout else None
+    word_dropout = WordDropout(args.word_dropout, word_idx[UNKNOWN]) if args.word_dropout else None
+    readout = fd.FC(2 if args.binary else CLASSES, activation=None)
     output_dropout = fd.Dropout(args.output_dropout) if args.output_dropout else None
 
     def to_logits() -> fd.Block:
@@ -98,6 +101,11 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
         without it (Fold's ``DropoutWrapper`` with ``output_keep_prob``)."""
         h = fd.GetItem(1) >> fd.Function(output_dropout) if output_dropout else fd.GetItem(1)
         return h >> fd.Function(readout)
+
+    def label() -> fd.Block:
+        """node -> its class: the label, or with ``args.binary`` 1 for positive labels."""
+        y = fd.GetItem(0) >> fd.InputTransform(lambda y: int(y > NEUTRAL)) if args.binary else fd.GetItem(0)
+        return y >> fd.Scalar("int32")
 
     def cross_entropy(z, y):
         return optax.softmax_cross_entropy_with_integer_labels(z, y)
@@ -111,39 +119,57 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
         with c.scope():
             s = compute_state.reads(c.input)
             logits = to_logits().reads(s)
-            label = (fd.GetItem(0) >> fd.Scalar("int32")).reads(c.input)
-            fd.Metric("loss").reads(fd.Function(cross_entropy).reads(logits, label))
-            fd.Metric("node_correct").reads(fd.Function(accuracy).reads(logits, label))
+            y = label().reads(c.input)
+            fd.Metric("loss").reads(fd.Function(cross_entropy).reads(logits, y))
+            fd.Metric("node_correct").reads(fd.Function(accuracy).reads(logits, y))
             c.output.reads(s)
         return c
 
-    tree = fd.ForwardDeclaration(fd.PyObjectType(), state)
-    if args.word_dropout:
-        unknown = word_idx[UNKNOWN]
-        word = (fd.GetItem(1) >> fd.InputTransform(lambda w: word_idx.get(w, unknown)) >> fd.Scalar("int32")
-                >> fd.Function(WordDropout(args.word_dropout, unknown)) >> embedding)
-    else:
-        word = fd.GetItem(1) >> fd.InputTransform(word_idx.get) >> fd.Optional(fd.Scalar("int32") >> embedding)
-    leaf = fd.AllOf(word, fd.Zeros(fd.TupleType(state, state))) >> fd.Function(cell) >> fd.GetItem(1)
-    pair = (fd.AllOf(fd.Zeros(fd.TensorType((args.embed_size,))), fd.Record([(1, tree()), (2, tree())]))
-            >> fd.Function(cell) >> fd.GetItem(1))
-    tree.resolve_to(fd.OneOf(len, {2: with_node_metrics(leaf), 3: with_node_metrics(pair)}))
+    def node(compute_state: Callable[[], fd.Block]) -> fd.Block:
+        """node -> state with its metrics; with ``args.binary``, a neutral node has none."""
+        if not args.binary:
+            return with_node_metrics(compute_state())
+        return fd.OneOf(lambda n: n[0] == NEUTRAL, {True: compute_state(), False: with_node_metrics(compute_state())})
 
+    def word() -> fd.Block:
+        """leaf -> its word's vector (zeros for words not seen in training, unless ``word_dropout``)."""
+        vector = fd.Function(embedding) >> fd.Function(embed_dropout) if embed_dropout else fd.Function(embedding)
+        if word_dropout:
+            return (fd.GetItem(1) >> fd.InputTransform(lambda w: word_idx.get(w, word_dropout.unknown))
+                    >> fd.Scalar("int32") >> fd.Function(word_dropout) >> vector)
+        return fd.GetItem(1) >> fd.InputTransform(word_idx.get) >> fd.Optional(fd.Scalar("int32") >> vector)
+
+    def leaf() -> fd.Block:
+        return fd.AllOf(word(), fd.Zeros(fd.TupleType(state, state))) >> fd.Function(cell) >> fd.GetItem(1)
+
+    def pair() -> fd.Block:
+        return (fd.AllOf(fd.Zeros(fd.TensorType((args.embed_size,))), fd.Record([(1, tree()), (2, tree())]))
+                >> fd.Function(cell) >> fd.GetItem(1))
+
+    tree = fd.ForwardDeclaration(fd.PyObjectType(), state)
+    tree.resolve_to(fd.OneOf(len, {2: node(leaf), 3: node(pair)}))
+    if args.binary:
+        return tree() >> to_logits()
     root = fd.Composition()
     with root.scope():
         logits = (tree() >> to_logits()).reads(root.input)
-        label = (fd.GetItem(0) >> fd.Scalar("int32")).reads(root.input)
-        fd.Metric("root_correct").reads(fd.Function(accuracy).reads(logits, label))
+        fd.Metric("root_correct").reads(fd.Function(accuracy).reads(logits, label().reads(root.input)))
         root.output.reads(logits)
     return root
 
 
-def evaluate(trainer: fd.Trainer, params: Any, trees: list[Any],
-             recorded: fd.RecordedExamples | None = None) -> dict[str, float]:
-    """Root and all-node fine-grained accuracy; binary accuracy over non-neutral roots.
+def evaluate(trainer: fd.Trainer, params: Any, trees: list[Any], recorded: fd.RecordedExamples | None = None,
+             binary: bool = False) -> dict[str, float]:
+    """Root and all-node fine-grained accuracy; binary accuracy over non-neutral roots. With
+    ``binary`` (a model of ``--binary``), binary accuracy at the root and over non-neutral nodes.
     ``recorded``: ``trees`` recorded by the trainer's compiler (faster than walking them again)."""
     data = trees if recorded is None else recorded
-    root = sst.sentiment_accuracies(trainer.predict(params, data), np.array([t[0] for t in trees]))
+    logits, labels = trainer.predict(params, data), np.array([t[0] for t in trees])
+    if binary:
+        polar = labels != NEUTRAL
+        return {"root_binary": float((logits[polar].argmax(1) == (labels[polar] > NEUTRAL)).mean()),
+                "all_nodes_binary": float(trainer.evaluate(params, data)["node_correct"])}
+    root = sst.sentiment_accuracies(logits, labels)
     node = trainer.evaluate(params, data, per_example=True)["node_correct"]
     sizes = np.array([sst.nodes(t) for t in trees])
     return {"root_fine": root["fine"], "all_nodes_fine": float((node * sizes).sum() / sizes.sum()),
@@ -208,6 +234,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--word-dropout", type=float, default=0.0,
                    help="replace each training word by a learned unknown-word vector with this probability; "
                         "words not seen in training get that vector (default 0: they embed to zeros)")
+    p.add_argument("--binary", action="store_true",
+                   help="Tai et al.'s binary model: classes negative (labels 0-1) and positive (3-4), neutral nodes "
+                        "without loss; reports binary accuracy only and stops early on dev root binary accuracy")
     p.add_argument("--paper", action="store_true",
                    help="the Fold paper's variant: --state-size 300 --recurrent-dropout 0.25 --embed-dropout 0.25")
     p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
@@ -249,16 +278,20 @@ def main(argv: list[str] | None = None) -> dict:
     compiler = fd.Compiler.create(build_model(word_idx, args, table))
     trainer = common.trainer(compiler, make_optimizer(args, len(train_trees) // args.batch_size), args)
     dev_recorded = compiler.record(dev)
-    fitted = common.fit(trainer, train_trees, args, "tree_lstm_sst", monitor="dev_root_fine", patience=args.patience,
-                        scores=lambda p: {f"dev_{k}": v for k, v in evaluate(trainer, p, dev, dev_recorded).items()})
+    monitor = "dev_root_binary" if args.binary else "dev_root_fine"
+    fitted = common.fit(trainer, train_trees, args, "tree_lstm_sst", monitor=monitor, patience=args.patience,
+                        scores=lambda p: {f"dev_{k}": v for k, v in
+                                          evaluate(trainer, p, dev, dev_recorded, args.binary).items()})
     best, history = fitted.best, fitted.history
-    results = {"dev": evaluate(trainer, fitted.best_params, dev, dev_recorded)}
+    results = {"dev": evaluate(trainer, fitted.best_params, dev, dev_recorded, args.binary)}
     if not args.no_test:
         test = sst.load("test", sst.data_dir(args.data_dir, args.quick), 200 if args.quick else None)
-        results["test"] = evaluate(trainer, fitted.best_params, test)
-    print_table(f"SST Tree-LSTM (best dev epoch {best['epoch']})",
-                ["split", "root fine-grained", "all nodes fine-grained", "root binary"],
-                [[s, r["root_fine"], r["all_nodes_fine"], r["root_binary"]] for s, r in results.items()])
+        results["test"] = evaluate(trainer, fitted.best_params, test, binary=args.binary)
+    columns = {"root_fine": "root fine-grained", "all_nodes_fine": "all nodes fine-grained",
+               "root_binary": "root binary", "all_nodes_binary": "non-neutral nodes binary"}
+    shown = list(results["dev"])
+    print_table(f"SST Tree-LSTM (best dev epoch {best['epoch']})", ["split", *(columns[k] for k in shown)],
+                [[s, *(r[k] for k in shown)] for s, r in results.items()])
     report = {"example": "tree_lstm_sst", "args": vars(args), "vocabulary": len(word_idx),
               "best_epoch": best["epoch"], "history": history, "results": results}
     path = write_report("tree_lstm_sst_quick" if args.quick else "tree_lstm_sst", report, args.json)

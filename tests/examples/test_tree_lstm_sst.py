@@ -180,6 +180,40 @@ def test_word_dropout_trains_the_vector_unknown_words_get():
     assert params["embedding"]["table"].shape[0] == len(word_idx)
 
 
+def _labels(tree) -> list[int]:
+    """Every node's label: a tree is ``(label, word)`` or ``(label, left, right)``."""
+    return [tree[0]] + ([] if len(tree) == 2 else _labels(tree[1]) + _labels(tree[2]))
+
+
+def test_binary_model_has_a_loss_on_non_neutral_nodes_only(tmp_path):
+    """--binary: with logits fixed at (0, 1) for every node, the loss entries are exactly
+    softplus(1) for each negative node and softplus(-1) for each positive one, and none for
+    neutral nodes; a quick run reports binary accuracies only."""
+    import jax
+
+    import fold as fd
+
+    trees = sst.load("train", SAMPLE)[:6]
+    args = tree_lstm_sst.parse_args(["--binary", "--state-size", "4", "--embed-size", "3"])
+    compiler = fd.Compiler.create(tree_lstm_sst.build_model(sst.vocabulary(trees), args))
+    params = compiler.init(jax.random.key(0))
+    params["fc"] = {"w": np.zeros((4, 2), np.float32), "b": np.array([0.0, 1.0], np.float32)}
+    result = compiler.apply(params, compiler.build_batch(trees))
+    loss = result.metrics["loss"]
+    labels = np.array([y for t in trees for y in _labels(t)])
+    expected = np.where(labels[labels != 2] > 2, np.log1p(np.exp(-1.0)), np.log1p(np.exp(1.0)))
+    np.testing.assert_allclose(np.sort(np.asarray(loss.padded)[np.asarray(loss.mask)]), np.sort(expected),
+                               rtol=1e-6)
+    assert result.outputs.shape == (6, 2)
+
+    report = tree_lstm_sst.main(["--quick", "--quiet", "--binary", "--checkpoint-dir", str(tmp_path),
+                                 "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json")])
+    for split in ("dev", "test"):
+        assert set(report["results"][split]) == {"root_binary", "all_nodes_binary"}
+        assert all(0.3 < v <= 1.0 for v in report["results"][split].values())
+    assert report["history"][-1]["train_loss"] < report["history"][0]["train_loss"]
+
+
 # Slow (about a minute on a 2-core CI machine, mostly compiling the dropout
 # layouts); dropout inside the loop is covered by tests/compiler/test_randomness.py.
 @pytest.mark.slow
