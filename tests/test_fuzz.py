@@ -4,6 +4,7 @@ independent per-example references (``benchmarks/fuzz.py`` runs the long version
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,14 +29,34 @@ def test_a_case_with_ties_under_init_params_matches():
     assert run_case(Case.draw(1021))[1] == 6
 
 
+def test_float32_rounding_of_a_cancelling_output_is_no_mismatch():
+    """Seed 1813's one mismatching output under an unscaled ``atol`` of 1e-6: batched 0.0910990,
+    reference 0.0910967, float64 truth 0.0910982, in outputs of magnitude up to 1. The tolerance
+    scales with the outputs' magnitude; a difference a hundred times larger still fails."""
+    import numpy as np
+
+    from benchmarks.fuzz import ATOL, RTOL, assert_close
+
+    expected = np.array([0.5162, -0.9989, 0.0910967], np.float32)
+    assert_close(expected + np.array([0, 0, 2.3e-6], np.float32), expected, RTOL, ATOL, "seed 1813")
+    with pytest.raises(AssertionError, match="seed 1813"):
+        assert_close(expected + np.array([0, 0, 2.3e-4], np.float32), expected, RTOL, ATOL, "seed 1813")
+    with pytest.raises(AssertionError):  # atol scaled by 1,000 here: 1e-2, and 0.02 is beyond it
+        assert_close(np.float32([1000.0, 0.12]), np.float32([1000.0, 0.1]), RTOL, ATOL, "")
+
+
+def test_seed_1813_matches():
+    """The case whose output differed from the reference by float32 rounding (above)."""
+    assert run_case(Case.draw(1813))[1] == 6
+
+
 def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsys):
-    """``--resume`` continues the recorded run from its next seed and adds to its counts, here with
-    two cases at once in two processes; a run that already holds the cases asked for says so
-    instead of running again."""
+    """``--resume`` runs the recorded failures again (one that passes now moves to the fixed cases),
+    then continues the recorded run from its next seed and adds to its counts, here with two cases
+    at once in two processes; a run that already holds the cases asked for says so instead of
+    running again."""
     import json
     import sys
-
-    import pytest
 
     from benchmarks import fuzz
 
@@ -43,11 +64,15 @@ def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(sys, "argv", ["fuzz", "--first-seed", "3", "--cases", "1", "--json", str(path)])
     fuzz.main()
     first = json.loads(path.read_text())
-    assert (first["first_seed"], first["cases_run"], first["failures"]) == (3, 1, 0)
+    assert (first["first_seed"], first["cases_run"], first["failures"], first["fixed_cases"]) == (3, 1, 0, [])
+    # As if case 3 had failed with an earlier version of the code.
+    old_failure = {"case": {"seed": 3}, "error": "AssertionError: an earlier mismatch", "traceback": ""}
+    path.write_text(json.dumps({**first, "failures": 1, "failed_cases": [old_failure]}))
     monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "3", "--jobs", "2", "--json", str(path)])
     fuzz.main()
     second = json.loads(path.read_text())
     assert (second["first_seed"], second["cases_run"], second["failures"]) == (3, 3, 0)
+    assert second["failed_cases"] == [] and second["fixed_cases"] == [old_failure]
     assert 0 < first["case_seconds"] < second["case_seconds"]
     assert sum(second["mode_counts"].get(k, 0) for k in ("recorded", "walked")) == 3
     assert "seeds 3-5" in capsys.readouterr().out
