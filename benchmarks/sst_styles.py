@@ -1,4 +1,4 @@
-"""One SST Tree-LSTM written three ways, each timed in two training loops, against PyTorch levels.
+"""One SST Tree-LSTM written three ways, each timed in three training loops, against PyTorch levels.
 
 A regression that hits one way of writing a model, or one way of training it, shows here. The
 styles compute the same loss from the same parameters (``tests/benchmarks/test_sst_styles.py``):
@@ -14,8 +14,10 @@ Loops, both one SGD step per batch (``--batch-size``, default 64):
 
 - ``blocking``: ``build_batch`` then the step, reading the loss back every step (a loop that
   logs its loss): host building and device work do not overlap;
+- ``prefetched``: iterating ``compiler.batches``, reading the loss back every step: its
+  background thread builds batch i + 1 while step i runs;
 - ``stream``: iterating ``compiler.batches`` and blocking once at the end: JAX's asynchronous
-  dispatch lets the host build batch i + 1 while the device runs step i.
+  dispatch lets the host build batch i + 1 while the device runs step i, on the thread or not.
 
 PyTorch level batching (``benchmarks.sst_peers.TorchLevels``) and DyNet's automatic batching
 (``DynetAutobatch``) read their loss every step too, and are measured in the same run (optional:
@@ -145,7 +147,7 @@ def style_params(style: str, plain: dict[str, np.ndarray]) -> dict:
 
 
 def fold_loops(compiler: fd.Compiler, params: dict, chunks: list[list]) -> dict[str, Callable[[], Any]]:
-    """The two training loops over ``chunks`` (batches of trees) as functions to time."""
+    """The three training loops over ``chunks`` (batches of trees) as functions to time."""
     optimizer = optax.sgd(LEARNING_RATE)
     step = make_train_step(compiler, optimizer)
     opt_state = optimizer.init(params)
@@ -157,13 +159,19 @@ def fold_loops(compiler: fd.Compiler, params: dict, chunks: list[list]) -> dict[
             p, s, loss = step(p, s, compiler.build_batch(c), None)
             float(loss)
 
+    def prefetched() -> None:
+        p, s = params, opt_state
+        for b in compiler.batches(flat, len(chunks[0])):
+            p, s, loss = step(p, s, b, None)
+            float(loss)
+
     def stream() -> None:
         p, s, loss = params, opt_state, None
         for b in compiler.batches(flat, len(chunks[0])):
             p, s, loss = step(p, s, b, None)
         jax.block_until_ready(loss)
 
-    return {"blocking": blocking, "stream": stream}
+    return {"blocking": blocking, "prefetched": prefetched, "stream": stream}
 
 
 def _peer_loop(model: Any, chunks: list[list]) -> Callable[[], None]:

@@ -4,14 +4,15 @@ A ``Trainer`` holds a ``Compiler``, an optax optimizer and the name of the
 metric to minimise, and runs Fold's three modes:
 
 * **train** (``fit``): the examples are recorded once (``compiler.record``),
-  each epoch's batches are built from them in a seeded order (in worker
-  processes with ``num_workers``), and one jitted step differentiates the
-  loss and applies the optimizer. Every ``eval_every`` steps (or after each
-  epoch) it evaluates on a dev set, keeps the best parameters by a
-  monitored score, stops early after ``patience`` evaluations without
-  improvement, writes checkpoints (the last state, the best parameters and
-  the history) and TensorBoard scalars. A tqdm bar shows the live loss;
-  Ctrl-C stops cleanly, saving the last state.
+  each epoch's batches are built from them in a seeded order, ahead of the
+  steps (on a thread, or in worker processes with ``num_workers``), and
+  one jitted step differentiates the loss and applies the optimizer.
+  Every ``eval_every`` steps (or after each epoch) it evaluates on a dev
+  set, keeps the best parameters by a monitored score, stops early after
+  ``patience`` evaluations without improvement, writes checkpoints (the
+  last state, the best parameters and the history) and TensorBoard
+  scalars. A tqdm bar shows the live loss; Ctrl-C stops cleanly, saving
+  the last state.
 * **eval** (``evaluate``): each metric's mean over a dataset, or per example.
 * **infer** (``predict``): the model's outputs for a dataset, in order.
 
@@ -131,7 +132,8 @@ class Trainer:
       seed: seeds the example order of every epoch and the stochastic
         layers' keys.
       num_workers: worker processes building batches ahead
-        (``compiler.batches``); 0 builds them between steps.
+        (``compiler.batches``); 0 builds them on a thread of this process
+        while the steps run.
       progress: show tqdm progress bars and per-evaluation lines.
 
     Raises:

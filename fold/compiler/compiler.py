@@ -464,17 +464,18 @@ class Compiler:
     @overload
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
-                devices: None = None, axis: str = sharding.AXIS) -> Iterator[Batch]: ...
+                devices: None = None, axis: str = sharding.AXIS, prefetch: bool = True) -> Iterator[Batch]: ...
 
     @overload
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None, *,
-                devices: int | Mesh | Sequence[Any], axis: str = sharding.AXIS) -> Iterator[ShardedBatch]: ...
+                devices: int | Mesh | Sequence[Any], axis: str = sharding.AXIS,
+                prefetch: bool = True) -> Iterator[ShardedBatch]: ...
 
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
-                devices: int | Mesh | Sequence[Any] | None = None,
-                axis: str = sharding.AXIS) -> Iterator[Batch] | Iterator[ShardedBatch]:
+                devices: int | Mesh | Sequence[Any] | None = None, axis: str = sharding.AXIS,
+                prefetch: bool = True) -> Iterator[Batch] | Iterator[ShardedBatch]:
         """Yields built batches of ``batch_size`` examples.
 
         With ``devices`` (a device count, a list of devices or a ``Mesh``), each
@@ -487,6 +488,15 @@ class Compiler:
         ``shuffle`` permutes the examples with ``numpy.random.default_rng(seed)``
         (fresh entropy when ``seed`` is None). The last partial batch is
         yielded unless ``drop_remainder``.
+
+        By default (``prefetch``, ``num_workers=0``) a background thread of this
+        process builds the next batches, in order, while the caller runs its
+        step, so a loop that waits for its loss every step (to log it) does not
+        wait for the host too, wherever the step leaves a core free: beside a GPU
+        or TPU always, on the CPU when XLA does not use every core
+        (docs/performance.md). The examples' Python code (``InputTransform``
+        functions and the like) then runs on that thread. ``prefetch=False``
+        builds each batch in the caller when it asks for it.
 
         ``num_workers > 0`` builds batches ahead, in order, in that many
         forked worker processes while the caller computes (threads where
@@ -504,10 +514,13 @@ class Compiler:
           examples: Python examples or ``RecordedExamples``.
           batch_size: examples per batch (> 0).
           shuffle: permute the examples first.
-          num_workers: worker processes building ahead (0 builds in the
-            caller, between steps).
+          num_workers: worker processes building ahead (0: this process builds,
+            see ``prefetch``).
           drop_remainder: skip the last batch when it is partial.
           seed: seed of the permutation (None: fresh entropy).
+          prefetch: with ``num_workers=0``, build ahead on a background thread
+            (False: in the caller, when it asks for the next batch). Batches
+            built with ``devices`` are built in the caller.
 
         Yields:
           ``Batch``es, in the (shuffled) order of the examples;
@@ -543,7 +556,7 @@ class Compiler:
             for chunk, idx in zip(chunks, indices):
                 yield self._build_sharded(chunk, devices, axis, idx.tolist())
             return
-        built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0
+        built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0 and not prefetch
                  else build_ahead(self._build_batch, chunks, num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
         # layouts planned from a few batches ahead.

@@ -1,4 +1,4 @@
-"""Building batches ahead of the device in worker processes.
+"""Building batches ahead of the device in worker processes, or on a thread.
 
 ``build_ahead`` keeps up to ``num_workers + ahead`` batches in flight and
 yields them in order. Workers are forked, so they inherit the compiler
@@ -8,6 +8,12 @@ travel back. Workers run host code only (the walk and NumPy), never JAX,
 which is what makes forking a process that has JAX loaded safe. Where
 ``fork`` is not available (Windows, and macOS where it is unsafe), threads
 build ahead instead.
+
+Without workers, one thread of the caller's process builds ahead: the
+walk holds the GIL, but the caller's step does not (JAX releases it while
+it waits for the device), so a thread hides the host's work wherever the
+step leaves a core free: always beside an accelerator, and on the CPU when
+XLA does not use every core.
 
 Workers are forked once per compiler, not once per ``batches`` call: a
 ``WorkerPool`` that delivered every batch it was asked for goes back to
@@ -301,11 +307,14 @@ def _with_processes(build: Build, chunks: Sequence[Any], num_workers: int, ahead
 
 def build_ahead(build: Build, chunks: Sequence[Any], num_workers: int, idle: IdlePool,
                 ahead: int = 2) -> Iterator[Any]:
-    """Yields the batch of every chunk, in order, built in the background by ``build``
-    by the workers of ``idle`` (or threads where processes cannot be forked)."""
+    """Yields the batch of every chunk, in order, built in the background by ``build``: by
+    ``num_workers`` workers of ``idle`` (threads where processes cannot be forked), or with
+    ``num_workers == 0`` by one thread of this process, as one worker."""
     if not chunks:
         return
-    if uses_processes():
+    if num_workers == 0:
+        yield from _with_threads(build, chunks, 1, ahead)
+    elif uses_processes():
         yield from _with_processes(build, chunks, num_workers, ahead, idle)
     else:
         yield from _with_threads(build, chunks, num_workers, ahead)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -46,6 +48,11 @@ class ExampleLimits(NamedTuple):
 DEFAULT_LIMITS = ExampleLimits()
 
 
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # builds under way (batches may be built on a background thread beside the caller's)
+_gc_was_enabled = True  # the collector's state when the first of them began
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pauses Python's cyclic garbage collector while a batch is built.
@@ -59,14 +66,36 @@ def gc_paused() -> Iterator[None]:
     builder keeps ints in flat lists) and must not form cycles
     (``BatchBuilder.finish``), or the first allocation after the build
     pays for a collection.
+
+    The collector is process-wide and builds may overlap on several threads,
+    so it is paused by the first build and resumed by the last (if it was
+    enabled when the first began).
     """
-    enabled = gc.isenabled()
-    gc.disable()
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+def _after_fork_in_child() -> None:
+    """A forked worker has only the thread that forked: builds under way on others never end there."""
+    global _gc_lock, _gc_pausers
+    _gc_lock = threading.Lock()  # another thread may have held it at the fork
+    if _gc_pausers and _gc_was_enabled:
+        gc.enable()
+    _gc_pausers = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Recorded(NamedTuple):

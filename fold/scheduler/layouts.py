@@ -17,7 +17,9 @@ A stream of batches (``Compiler.batches``) gets its first layout of each *family
 the same examples, ``C`` and saving) *planned* from its first ``PLAN_AHEAD`` batches
 (``LayoutPolicy.plan``): the join of their layouts (``join``, each dimension's maximum), each
 size at least the sample's mean need plus ``SPREAD`` standard deviations. Random models'
-epochs then compiled once for their full batches and once for the last, partial one.
+epochs then compiled once for their full batches and once for the last, partial one. A later
+stream (the next epoch) whose batches' families all have layouts waits for no sample: its
+first batch is handed out at once, while a background builder works on the next.
 
 A batch that fits no layout gets a new one: the join of its own and the latest of its family,
 with headroom on every size it overflowed (at least twice its need, an arena's up to
@@ -260,22 +262,28 @@ class LayoutPolicy:
 
     def stream(self, batches: Iterable[Batch], ahead: int | None = None) -> Iterator[Batch]:
         """``batches`` assigned layouts in order, the first layout of each family planned from the
-        first ``ahead`` (default ``PLAN_AHEAD``) batches (``plan``). A batch that raises while
-        building is raised when the stream reaches it, after the batches before it."""
+        first ``ahead`` (default ``PLAN_AHEAD``) batches from the first batch of a family without
+        one (``plan``). Batches of families planned before (an earlier epoch) go straight
+        through, so a stream waits for a sample only when it has something to plan. A batch that
+        raises while building is raised when the stream reaches it, after the batches before it."""
         ahead = PLAN_AHEAD if ahead is None else ahead
         batches = iter(batches)
-        sample: list[Batch] = []
-        error = None
-        try:
-            while len(sample) < ahead and (batch := next(batches, None)) is not None:
-                sample.append(batch)
-        except Exception as e:  # raised in its place in the stream, below
-            error = e
-        self.plan(sample)
-        for batch in sample:
-            yield self.assign(batch)
-        if error is not None:
-            raise error
+        for batch in batches:
+            if _kind(batch.layout) in {_kind(layout) for layout in self.layouts}:
+                yield self.assign(batch)
+                continue
+            sample, error = [batch], None
+            try:
+                while len(sample) < ahead and (more := next(batches, None)) is not None:
+                    sample.append(more)
+            except Exception as e:  # raised in its place in the stream, below
+                error = e
+            self.plan(sample)
+            for batch in sample:
+                yield self.assign(batch)
+            if error is not None:
+                raise error
+            break
         for batch in batches:
             yield self.assign(batch)
 

@@ -31,6 +31,6 @@ def test_custom_styles_match_the_examples_model(sst_reference, style):
 @pytest.mark.slow
 def test_quick_run_times_every_style_and_loop(tmp_path):
     result = sst_styles.main(["--quick", "--json", str(tmp_path / "styles.json")])
-    loops = {f"{s}, {loop}" for s in sst_styles.STYLES for loop in ("blocking", "stream")}
+    loops = {f"{s}, {loop}" for s in sst_styles.STYLES for loop in ("blocking", "prefetched", "stream")}
     assert loops <= set(result["trees_per_s"]) and all(r > 0 for r in result["trees_per_s"].values())
     assert (tmp_path / "styles.png").exists()

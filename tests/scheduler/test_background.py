@@ -1,4 +1,5 @@
-"""Background batch building in worker processes: order, errors, dead workers, shutdown, reuse."""
+"""Background batch building in worker processes or on a thread: order, errors, dead workers, shutdown,
+reuse."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 import time
+import warnings
 
 import jax
 import numpy as np
 import pytest
 
 import fold as fd
-from fold.scheduler import background, layouts
+from fold.scheduler import background, builder, layouts
 
 
 def _model() -> fd.Compiler:
@@ -222,3 +225,103 @@ def test_an_exception_a_worker_cannot_send_keeps_its_kind_message_index_and_path
     with pytest.raises(cls) as info:
         list(compiler.batches(data, 4, num_workers=1))
     assert all(f in str(info.value) for f in fragments), str(info.value)
+
+
+# ------------------------------------------------------------ one thread of the caller's process
+
+
+def _thread_recording_model(threads: list) -> fd.Compiler:
+    def note(x):
+        threads.append(threading.current_thread())
+        return x
+    return fd.Compiler.create(fd.Map(fd.InputTransform(note) >> fd.Scalar()) >> fd.Sum())
+
+
+def test_without_workers_a_thread_builds_the_same_batches_in_order():
+    threads: list = []
+    compiler = _thread_recording_model(threads)
+    data = [[float(i)] * (i % 7) for i in range(101)]
+    in_caller = list(compiler.batches(data, 8, prefetch=False))
+    assert threads and all(t is threading.main_thread() for t in threads)
+    threads.clear()
+    ahead = list(compiler.batches(data, 8))
+    assert threads and all(t is not threading.main_thread() for t in threads)
+    assert len(ahead) == len(in_caller) == 13
+    assert all(_arrays_equal(a, b) for a, b in zip(ahead, in_caller))
+    assert [b.example_indices.tolist() for b in ahead] == [list(range(i, min(i + 8, 101))) for i in range(0, 101, 8)]
+
+
+def test_the_thread_builds_the_next_batch_while_the_caller_holds_one(monkeypatch):
+    monkeypatch.setattr(layouts, "PLAN_AHEAD", 1)  # the first layout is planned from the first batch alone
+    threads: list = []
+    compiler = _thread_recording_model(threads)
+    gen = compiler.batches([[1.0]] * 40, 4)
+    next(gen)
+    deadline = time.monotonic() + 30
+    while len(threads) < 8 and time.monotonic() < deadline:  # the second batch's 4 examples, unasked
+        time.sleep(0.01)
+    assert len(threads) >= 8
+    gen.close()
+
+
+def test_a_bad_example_built_on_the_thread_raises_in_the_caller_naming_its_index():
+    compiler = _model()
+    data = [[1.0]] * 20 + [[1.0, "x"]] + [[2.0]] * 20
+    got = []
+    with pytest.raises(ValueError, match=r"example 20 \(position 0 in its batch\): at Map.1. > Scalar: expected"):
+        for batch in compiler.batches(data, 4):
+            got.append(batch)
+    assert len(got) == 5
+
+
+def test_leaving_early_stops_the_thread():
+    compiler = _model()
+    before = threading.active_count()
+    gen = compiler.batches([[1.0] * 100] * 400, 4)
+    next(gen)
+    assert threading.active_count() > before
+    gen.close()
+    assert threading.active_count() == before
+
+
+def test_builds_on_two_threads_pause_the_collector_until_the_last_ends():
+    assert gc.isenabled()
+    first, second = builder.gc_paused(), builder.gc_paused()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second build is still under way
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def _report_gc(conn) -> None:
+    with builder.gc_paused():
+        pass
+    conn.send(gc.isenabled())
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="needs fork")
+def test_a_worker_forked_during_a_build_on_another_thread_collects_garbage():
+    started, release = threading.Event(), threading.Event()
+
+    def build() -> None:
+        with builder.gc_paused():
+            started.set()
+            release.wait()
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    started.wait()
+    try:
+        mine, theirs = multiprocessing.get_context("fork").Pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # JAX warns about forking a threaded process
+            child = multiprocessing.get_context("fork").Process(target=_report_gc, args=(theirs,))
+            child.start()
+        assert mine.poll(30) and mine.recv() is True
+        child.join()
+    finally:
+        release.set()
+        thread.join()
+    assert gc.isenabled()

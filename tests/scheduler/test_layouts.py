@@ -171,6 +171,20 @@ def test_an_error_while_planning_ahead_is_raised_after_the_batches_before_it():
     np.testing.assert_allclose(compiler.apply(compiler.init(jax.random.key(0)), seen[0]).outputs, [3.0] * 5)
 
 
+def test_a_later_epoch_hands_out_its_first_batch_without_waiting_for_a_sample():
+    walked = []
+    compiler = fd.Compiler.create(fd.Map(fd.InputTransform(lambda x: walked.append(x) or x) >> fd.Scalar())
+                                  >> fd.Sum(), chunk_size=8)
+    examples = [[float(i)] * (i % 4 + 1) for i in range(40 * 5)]
+    first = list(compiler.batches(examples, 5, prefetch=False))
+    walked.clear()
+    second = compiler.batches(examples, 5, prefetch=False)
+    assert next(second).layout == first[0].layout
+    assert len(walked) == sum(len(x) for x in examples[:5])  # one batch, not a sample of PLAN_AHEAD
+    assert [b.layout for b in second] == [b.layout for b in first[1:]]
+    assert compiler.stats().layouts == 1
+
+
 def _mixed_saving_model() -> fd.Block:
     """A loop with an operation ``backward="auto"`` saves (a 256-wide cell, worth it) and one it does
     not (a 3-wide cell), as in the fuzz case that found a layout making the second save too."""
