@@ -495,8 +495,10 @@ class Compiler:
         wait for the host too, wherever the step leaves a core free: beside a GPU
         or TPU always, on the CPU when XLA does not use every core
         (docs/performance.md). The examples' Python code (``InputTransform``
-        functions and the like) then runs on that thread. ``prefetch=False``
-        builds each batch in the caller when it asks for it.
+        functions and the like) then runs on that thread: one that draws from a
+        random generator the loop draws from too makes the draws depend on the
+        threads' timing (give it its own generator). ``prefetch=False`` builds
+        each batch in the caller when it asks for it.
 
         ``num_workers > 0`` builds batches ahead, in order, in that many
         forked worker processes while the caller computes (threads where
