@@ -13,6 +13,7 @@ from fold.compiler.saving import BACKWARDS
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
 
 
+@pytest.mark.slow
 def test_quick_run(tmp_path):
     out = tmp_path / "backward.json"
     r = backward.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])

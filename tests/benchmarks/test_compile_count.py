@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from benchmarks import compile_count
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
@@ -24,6 +26,7 @@ def test_quick_run(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_quick_random_run(tmp_path):
     """A random model: no more compilations than exact-fit layouts, padding at least exact fit's,
     and a device-time ratio."""

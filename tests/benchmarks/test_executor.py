@@ -8,6 +8,7 @@ import random
 
 import jax
 import numpy as np
+import pytest
 
 import fold as fd
 from benchmarks import executor, models
@@ -47,6 +48,7 @@ def test_arena_copies_counts_whole_arena_copies_inside_loops_only():
     assert set(executor.loop_computations(HLO)) == {"body", "branch_0"}
 
 
+@pytest.mark.slow
 def test_quick_run(tmp_path):
     out = tmp_path / "executor.json"
     r = executor.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])

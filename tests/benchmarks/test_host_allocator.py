@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from benchmarks import host_allocator
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
 
 
+@pytest.mark.slow
 def test_quick_run(tmp_path, monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "123")  # the parent's own setting must not leak
     out = tmp_path / "host_allocator.json"

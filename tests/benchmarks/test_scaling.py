@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_scaling_quick(tmp_path):
     out = tmp_path / "scaling.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from benchmarks import models, schedule_build
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
@@ -20,6 +22,7 @@ def test_random_tree_has_the_requested_leaves():
     assert [leaves(models.random_tree(rng, n)) for n in (1, 2, 7, 128)] == [1, 2, 7, 128]
 
 
+@pytest.mark.slow
 def test_quick_run(tmp_path):
     out = tmp_path / "schedule_build.json"
     results = schedule_build.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])

@@ -11,6 +11,7 @@ import fold as fd
 from benchmarks import sst_peers, sst_styles
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["layers", "function loss"])
 def test_custom_styles_match_the_examples_model(sst_reference, style):
     """Custom layers, with the loss as a layer or as a Function, from the same parameters: the

@@ -6,11 +6,14 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 from benchmarks import sst_throughput
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
 
 
+@pytest.mark.slow
 def test_quick_run(tmp_path):
     out = tmp_path / "sst_throughput.json"
     r = sst_throughput.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])
