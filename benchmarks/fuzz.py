@@ -27,6 +27,7 @@ import multiprocessing
 import pathlib
 import re
 import signal
+import subprocess
 import time
 import traceback
 from collections.abc import Callable
@@ -174,6 +175,21 @@ def _blocks(text: str) -> list[str]:
     return sorted(set(re.findall(r"[A-Z][A-Za-z]+", text)))
 
 
+def source_version() -> str | None:
+    """The git commit of the code a run tests, ``-modified`` appended when ``fold/`` or
+    ``benchmarks/`` differ from it; None outside a git checkout. A long run done in parts records
+    one per part: a claim over many cases holds for the code each part ran."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "fold", "benchmarks"], cwd=root,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("-modified" if changed else "")
+
+
 def _load(path: pathlib.Path) -> dict:
     """A results file's state, to continue the run it records from its next seed."""
     try:
@@ -182,7 +198,10 @@ def _load(path: pathlib.Path) -> dict:
                 "seconds": float(result["seconds"]),
                 "case_seconds": float(result.get("case_seconds", result["seconds"])),
                 "block_counts": dict(result["block_counts"]), "mode_counts": dict(result["mode_counts"]),
-                "failed_cases": list(result["failed_cases"]), "fixed_cases": list(result.get("fixed_cases", []))}
+                "failed_cases": list(result["failed_cases"]), "fixed_cases": list(result.get("fixed_cases", [])),
+                # Files from before parts were recorded: one part of unrecorded code.
+                "parts": list(result.get("parts", [{"first_seed": int(result["first_seed"]),
+                                                    "cases": int(result["cases_run"]), "code": None}]))}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--resume: cannot continue from {path}: {type(e).__name__}: {e}") from None
 
@@ -212,7 +231,7 @@ def main() -> None:
     path = pathlib.Path(args.json) if args.json else RESULTS / "fuzz.json"
     state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
                                              "case_seconds": 0.0, "block_counts": {}, "mode_counts": {},
-                                             "failed_cases": [], "fixed_cases": []}
+                                             "failed_cases": [], "fixed_cases": [], "parts": []}
     first, earlier = state["first_seed"], state["cases_run"]
     if earlier >= args.cases:
         raise SystemExit(f"{path} already holds {earlier} cases (seeds {first}-{first + earlier - 1}); "
@@ -224,6 +243,7 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     start, done, case_seconds = time.perf_counter(), earlier, state["case_seconds"]
     progress = tqdm(desc="fuzz", unit="case", initial=earlier, total=args.cases)
+    part = {"first_seed": first + earlier, "cases": 0, "code": source_version()}
 
     def save() -> None:
         seconds = state["seconds"] + time.perf_counter() - start
@@ -234,7 +254,9 @@ def main() -> None:
             "seconds": round(seconds, 1), "case_seconds": round(case_seconds, 1),
             "seconds_per_case": round(case_seconds / max(done, 1), 2),
             "block_counts": dict(sorted(blocks.items())), "mode_counts": dict(sorted(modes.items())),
-            "failed_cases": failures, "fixed_cases": fixed, "machine": machine(),
+            "failed_cases": failures, "fixed_cases": fixed,
+            # parts: the run's parts, each with the code it tested (source_version).
+            "parts": state["parts"] + [{**part, "cases": done - earlier}], "machine": machine(),
         }
         path.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -74,6 +74,10 @@ def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsy
     assert (second["first_seed"], second["cases_run"], second["failures"]) == (3, 3, 0)
     assert second["failed_cases"] == [] and second["fixed_cases"] == [old_failure]
     assert 0 < first["case_seconds"] < second["case_seconds"]
+    # Each part records the code it ran: this checkout's commit.
+    assert [(q["first_seed"], q["cases"]) for q in second["parts"]] == [(3, 1), (4, 2)]
+    assert all(q["code"] == fuzz.source_version() for q in second["parts"])
+    assert fuzz.source_version() is None or len(fuzz.source_version().split("-")[0]) == 40
     assert sum(second["mode_counts"].get(k, 0) for k in ("recorded", "walked")) == 3
     assert "seeds 3-5" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="already holds 3 cases"):
@@ -114,3 +118,14 @@ def test_a_terminated_run_saves_what_it_found(tmp_path):
     assert "continue with --resume" in out
     result = json.loads(path.read_text())
     assert result["first_seed"] == 3 and 0 <= result["cases_run"] < 200 and result["failures"] == 0
+
+
+def test_a_results_file_from_before_parts_is_one_part_of_unrecorded_code(tmp_path):
+    import json
+
+    from benchmarks import fuzz
+
+    path = tmp_path / "fuzz.json"
+    path.write_text(json.dumps({"first_seed": 0, "cases_run": 7, "seconds": 1.0, "block_counts": {},
+                                "mode_counts": {}, "failed_cases": []}))
+    assert fuzz._load(path)["parts"] == [{"first_seed": 0, "cases": 7, "code": None}]
