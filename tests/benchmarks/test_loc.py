@@ -109,6 +109,7 @@ def attention():
     return compiler, params, make_data(np.random.default_rng(0), 12, 10)
 
 
+@pytest.mark.slow
 def test_attention_fold_equals_jax(attention):
     compiler, params, data = attention
     assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, attention_jax.init(jax.random.key(1), 16))
@@ -156,6 +157,7 @@ def trees():
     return trees, embeddings
 
 
+@pytest.mark.slow
 def test_tree_lstm_fold_equals_jax(trees):
     trees, embeddings = trees
     compiler = tree_lstm_fold.model(embeddings, state=8)
@@ -208,6 +210,7 @@ def weave():
     return molecules, (atom_in, pair_in), params, metrics["atoms"].values, metrics["pairs"].values
 
 
+@pytest.mark.slow
 def test_weave_fold_equals_jax(weave):
     molecules, sizes, params, fold_atoms, fold_pairs = weave
     assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, weave_jax.init(jax.random.key(1), *sizes, 12,

@@ -56,6 +56,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_four_devices_train_as_one():
     report = _report(_worker("4"))
     assert report["devices"] == 4

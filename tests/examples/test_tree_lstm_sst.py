@@ -117,6 +117,7 @@ def test_paper_flag_selects_the_paper_variant():
     assert (args.state_size, args.recurrent_dropout, args.embed_dropout) == (300, 0.25, 0.25)
 
 
+@pytest.mark.slow
 def test_output_dropout_drops_what_the_logits_read_but_not_what_the_parent_reads():
     """With state size 5 and an identity readout, a root's logits are its h. With
     ``--output-dropout`` and a key, each is either 0 or the h of the same model without it, scaled
@@ -148,6 +149,7 @@ def test_output_dropout_drops_what_the_logits_read_but_not_what_the_parent_reads
                 tree_lstm_sst.parse_args([flag, bad])
 
 
+@pytest.mark.slow
 def test_word_dropout_trains_the_vector_unknown_words_get():
     """--word-dropout: words not seen in training embed to the unknown-word row (not zeros),
     training replaces words by it at about the rate, and evaluation replaces none."""
@@ -185,6 +187,7 @@ def _labels(tree) -> list[int]:
     return [tree[0]] + ([] if len(tree) == 2 else _labels(tree[1]) + _labels(tree[2]))
 
 
+@pytest.mark.slow
 def test_binary_model_has_a_loss_on_non_neutral_nodes_only(tmp_path):
     """--binary: with logits fixed at (0, 1) for every node, the loss entries are exactly
     softplus(1) for each negative node and softplus(-1) for each positive one, and none for
