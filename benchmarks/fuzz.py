@@ -243,7 +243,7 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     start, done, case_seconds = time.perf_counter(), earlier, state["case_seconds"]
     progress = tqdm(desc="fuzz", unit="case", initial=earlier, total=args.cases)
-    part = {"first_seed": first + earlier, "cases": 0, "code": source_version()}
+    part = {"first_seed": first + earlier, "code": source_version()}
 
     def save() -> None:
         seconds = state["seconds"] + time.perf_counter() - start
@@ -256,7 +256,8 @@ def main() -> None:
             "block_counts": dict(sorted(blocks.items())), "mode_counts": dict(sorted(modes.items())),
             "failed_cases": failures, "fixed_cases": fixed,
             # parts: the run's parts, each with the code it tested (source_version).
-            "parts": state["parts"] + [{**part, "cases": done - earlier}], "machine": machine(),
+            "parts": state["parts"] + [{"first_seed": part["first_seed"], "cases": done - earlier,
+                                        "code": part["code"]}], "machine": machine(),
         }
         path.write_text(json.dumps(result, indent=2) + "\n")
 
