@@ -177,13 +177,15 @@ def _blocks(text: str) -> list[str]:
 
 def source_version() -> str | None:
     """The git commit of the code a run tests, ``-modified`` appended when ``fold/`` or
-    ``benchmarks/`` differ from it; None outside a git checkout. A long run done in parts records
+    ``benchmarks/`` (but its results) differ from it; None outside a git checkout. A long run done in parts records
     one per part: a claim over many cases holds for the code each part ran."""
     root = pathlib.Path(__file__).resolve().parents[1]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "fold", "benchmarks"], cwd=root,
+        # Results files (this run's own among them) are not code.
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "fold", "benchmarks",
+                                  ":(exclude)benchmarks/results"], cwd=root,
                                  capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
