@@ -12,10 +12,17 @@ import fold as fd
 from benchmarks.random_models import random_model
 
 
-def _outputs_and_grads(compiler: fd.Compiler, params: dict, batch: fd.Batch) -> list:
-    out = jax.jit(compiler.apply)(params, batch).outputs
-    grads = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))))(params)
-    return [np.asarray(x) for x in jax.tree_util.tree_leaves((out, grads))]
+def _outputs_and_grads(compiler: fd.Compiler):
+    """``run(params, batch)``: the batch's outputs and the gradients of a loss on them, as NumPy
+    arrays, each function compiled once per layout (every call after the first is a run of the
+    same executable)."""
+    apply = jax.jit(compiler.apply)
+    grad = jax.jit(jax.grad(lambda p, b: jnp.sum(jnp.sin(compiler.apply(p, b).outputs))))
+
+    def run(params: dict, batch: fd.Batch) -> list:
+        return [np.asarray(x) for x in jax.tree_util.tree_leaves((apply(params, batch).outputs, grad(params, batch)))]
+
+    return run
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -23,11 +30,12 @@ def test_runs_builds_and_worker_counts_agree_bitwise(seed):
     model = random_model(seed, n=48)
     compiler = fd.Compiler.create(model.block)
     params = compiler.init(jax.random.key(seed))
-    reference = _outputs_and_grads(compiler, params, compiler.build_batch(model.examples[:16]))
-    again = _outputs_and_grads(compiler, params, compiler.build_batch(model.examples[:16]))
+    run = _outputs_and_grads(compiler)
+    reference = run(params, compiler.build_batch(model.examples[:16]))
+    again = run(params, compiler.build_batch(model.examples[:16]))
     for workers in (0, 1):
         (batch, *_) = compiler.batches(model.examples, 16, num_workers=workers)
-        streamed = _outputs_and_grads(compiler, params, batch)
+        streamed = run(params, batch)
         for a, b, c in zip(reference, again, streamed):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(a, c)
