@@ -12,7 +12,7 @@ from benchmarks.fuzz import CHUNKS, MODES, Case, run_case
 
 
 # derandomize: CI runs the same cases every time (a failure reproduces); the long run draws others.
-@settings(max_examples=2, deadline=None, derandomize=True, database=None)
+@settings(max_examples=1, deadline=None, derandomize=True, database=None)
 @given(seed=st.integers(0, 2**20), chunk=st.sampled_from(CHUNKS), backward=st.sampled_from(MODES),
        recorded=st.booleans(), batch_size=st.integers(1, 6))
 def test_random_models_match_their_reference(seed, chunk, backward, recorded, batch_size):
