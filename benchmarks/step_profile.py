@@ -11,7 +11,9 @@ exceed wall time; shares are of op time.
 
 Against it, *matmul need*: the same matmuls on the batch's real rows only (every node through
 the cell, forward and both backward products), timed alone as one jitted call: the time a
-perfectly batched step could not go below on this machine.
+perfectly batched step could not go below on this machine. Beside them, the largest single
+operations (runs per step, microseconds per run) and a loop item's three products each timed
+alone: an operation that runs beside another on XLA's threads looks slower than it is alone.
 
 Run: ``python -m benchmarks.step_profile --data-dir DIR`` (``--quick``: the committed sample).
 Writes ``benchmarks/results/step_profile.json``.
@@ -83,8 +85,14 @@ def exclusive_times(trace_events: list[dict]) -> dict[str, float]:
     return dict(own)
 
 
-def profile(step: Any, args: tuple, steps: int) -> dict[str, float]:
-    """Exclusive microseconds per operation over ``steps`` calls of ``step(*args)``."""
+def calls(trace_events: list[dict]) -> dict[str, int]:
+    """How many times each XLA operation ran (each loop iteration runs its body's operations once)."""
+    return collections.Counter(e["name"] for e in trace_events if e.get("ph") == "X")
+
+
+def profile(step: Any, args: tuple, steps: int) -> tuple[dict[str, float], dict[str, int]]:
+    """Exclusive microseconds per operation over ``steps`` calls of ``step(*args)``, and how many
+    times each ran."""
     with tempfile.TemporaryDirectory() as folder:
         jax.profiler.start_trace(folder, create_perfetto_trace=True)
         for _ in range(steps):
@@ -93,7 +101,8 @@ def profile(step: Any, args: tuple, steps: int) -> dict[str, float]:
         trace = next(pathlib.Path(folder).rglob("*.trace.json.gz"))
         with gzip.open(trace) as f:
             data = json.load(f)
-    return exclusive_times(data["traceEvents"] if isinstance(data, dict) else data)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return exclusive_times(events), calls(events)
 
 
 def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
@@ -108,6 +117,36 @@ def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
     return median_seconds(lambda: jax.block_until_ready(products(x, w, dy)), repeats)
 
 
+def products_alone(rows: int, w: jax.Array, repeats: int, iterations: int = 32) -> dict[str, float]:
+    """Microseconds per call of each product of a loop item of ``rows`` rows (the forward ``x·W``
+    and the backward ``xᵀ·dY`` and ``dY·Wᵀ``), each run alone ``iterations`` times in a jitted
+    loop, as the step's loop runs them but with nothing beside them."""
+    x = jnp.ones((iterations, rows, w.shape[0]), w.dtype)
+    dy = jnp.ones((iterations, rows, w.shape[1]), w.dtype)
+    forms = {"x·W": lambda x, dy, w: x @ w, "xᵀ·dY": lambda x, dy, w: x.T @ dy, "dY·Wᵀ": lambda x, dy, w: dy @ w.T}
+    result = {}
+    for name, product in forms.items():
+        @jax.jit
+        def loop(x: jax.Array, dy: jax.Array, w: jax.Array, product: Any = product) -> jax.Array:
+            return jax.lax.fori_loop(0, iterations, lambda i, acc: acc + product(x[i], dy[i], w).sum(), 0.0)
+
+        jax.block_until_ready(loop(x, dy, w))
+        result[name] = median_seconds(lambda: jax.block_until_ready(loop(x, dy, w)), repeats) / iterations * 1e6
+    return result
+
+
+def largest_ops(own: dict[str, float], counts: dict[str, int], hlo_text: str, steps: int,
+                phase: dict[str, str], n: int = 10) -> list[dict[str, Any]]:
+    """The ``n`` operations with the most own time per step: kind, phase, result shape, runs per
+    step and microseconds per run. Operations that XLA runs side by side on its threads each
+    count their own duration, so two that overlap both look slower than either alone."""
+    shapes = dict(re.findall(r"%([\w.\-]+) = (\S+)", hlo_text))
+    return [{"name": name, "kind": kind(name), "phase": phase.get(name, "other"), "shape": shapes.get(name, "?"),
+             "calls": counts.get(name, 0) / steps, "ms": us / steps / 1000,
+             "us_per_call": us / max(1, counts.get(name, 0))}
+            for name, us in sorted(own.items(), key=lambda kv: -kv[1])[:n]]
+
+
 def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: int) -> dict:
     compiler = fd.Compiler.create(models.sst_model(word_idx, hidden))
     params = compiler.init(jax.random.key(0))
@@ -119,18 +158,22 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: 
     args = (params, optimizer.init(params), batch, None)
     jax.block_until_ready(step(*args))
     seconds = median_seconds(lambda: jax.block_until_ready(step(*args)), repeats)
-    own = profile(step, args, repeats)
-    phase = phases(step.lower(*args).compile().as_text())
+    own, counts = profile(step, args, repeats)
+    hlo_text = step.lower(*args).compile().as_text()
+    phase = phases(hlo_text)
     table: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.Counter())
     for name, us in own.items():
         table[kind(name)][phase.get(name, "other")] += us / repeats / 1000
     op_ms = sum(sum(v.values()) for v in table.values())
     rows = sum(sst.nodes(t) for t in examples)
-    need = matmul_need(rows, params["binary_tree_lstm_cell"]["w"], repeats)
+    w = params["binary_tree_lstm_cell"]["w"]
+    need = matmul_need(rows, w, repeats)
     return {
         "hidden": hidden, "batch_size": batch_size, "nodes": rows, "layout": str(batch.layout),
         "step_ms": seconds * 1000, "op_ms": op_ms, "matmul_need_ms": need * 1000,
-        "step_vs_need": seconds / need,
+        "step_vs_need": seconds / need, "chunk": batch.layout.chunk,
+        "largest_ops": largest_ops(own, counts, hlo_text, repeats, phase),
+        "products_alone_us": products_alone(batch.layout.chunk, w, repeats),
         "kinds": {k: {"ms": sum(v.values()), "share": sum(v.values()) / op_ms, **{p: ms for p, ms in v.items()}}
                   for k, v in sorted(table.items(), key=lambda kv: -sum(kv[1].values()))},
     }
@@ -155,6 +198,11 @@ def main(argv: list[str] | None = None) -> dict:
                     ["kind", "ms", "share", "forward", "backward", "other"],
                     [[k, f"{v['ms']:.2f}", f"{100 * v['share']:.0f} %", f"{v.get('forward', 0):.2f}",
                       f"{v.get('backward', 0):.2f}", f"{v.get('other', 0):.2f}"] for k, v in r["kinds"].items()])
+        print_table("largest operations", ["op", "kind", "phase", "shape", "runs/step", "ms/step", "us/run"],
+                    [[o["name"], o["kind"], o["phase"], o["shape"], f"{o['calls']:.0f}", f"{o['ms']:.2f}",
+                      f"{o['us_per_call']:.0f}"] for o in r["largest_ops"]])
+        print(f"a {r['chunk']}-row item's products alone (us per call): "
+              + ", ".join(f"{k} {v:.0f}" for k, v in r["products_alone_us"].items()))
     result = {"runs": runs, "repeats": args.repeats}
 
     def plot(path: pathlib.Path) -> None:

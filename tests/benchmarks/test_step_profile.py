@@ -23,6 +23,7 @@ def test_exclusive_time_subtracts_nested_ops_per_thread():
               {"ph": "X", "name": "dot.1", "ts": 1, "dur": 4, "tid": 2},
               {"ph": "X", "name": "ThunkExecutor::Execute", "ts": 0, "dur": 50, "tid": 1}]
     assert step_profile.exclusive_times(events) == {"cond.1": 5, "dot.1": 9}
+    assert step_profile.calls(events)["dot.1"] == 3
 
 
 def test_quick_profile_adds_up(tmp_path):
@@ -30,3 +31,11 @@ def test_quick_profile_adds_up(tmp_path):
     run = result["runs"][0]
     assert sum(k["ms"] for k in run["kinds"].values()) == pytest.approx(run["op_ms"])
     assert run["kinds"]["matmul"]["ms"] > 0 and run["matmul_need_ms"] > 0 and run["nodes"] > 8
+    ops = run["largest_ops"]
+    assert len(ops) == 10 and [o["ms"] for o in ops] == sorted((o["ms"] for o in ops), reverse=True)
+    for o in ops:  # every op of the step ran at least once a step, and its time is its runs' time
+        assert o["calls"] >= 1 and o["us_per_call"] * o["calls"] == pytest.approx(o["ms"] * 1000)
+        assert o["kind"] in {k for k, _ in step_profile.KINDS} | {step_profile.OTHER}
+    assert sum(o["ms"] for o in ops) <= run["op_ms"] + 1e-9
+    assert set(run["products_alone_us"]) == {"x·W", "xᵀ·dY", "dY·Wᵀ"}
+    assert all(us > 0 for us in run["products_alone_us"].values())
