@@ -48,6 +48,8 @@ KINDS = (("matmul", r"dot|ynn_fusion|gemm|matmul"), ("scatter", r"scatter"), ("g
          ("filling buffers", r"broadcast"), ("switch dispatch", r"^cond|conditional"),
          ("loop control", r"^while"), ("copies", r"copy|transpose"), ("reductions", r"reduce"))
 OTHER = "element-wise and other"
+# A cell's matmul and its two backward products, as ``product(x, dy, w)``.
+PRODUCTS = {"x·W": lambda x, dy, w: x @ w, "xᵀ·dY": lambda x, dy, w: x.T @ dy, "dY·Wᵀ": lambda x, dy, w: dy @ w.T}
 
 
 def kind(name: str) -> str:
@@ -112,7 +114,7 @@ def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
 
     @jax.jit
     def products(x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple:
-        return x @ w, x.T @ dy, dy @ w.T
+        return tuple(product(x, dy, w) for product in PRODUCTS.values())
 
     return median_seconds(lambda: jax.block_until_ready(products(x, w, dy)), repeats)
 
@@ -123,9 +125,8 @@ def products_alone(rows: int, w: jax.Array, repeats: int, iterations: int = 32) 
     loop, as the step's loop runs them but with nothing beside them."""
     x = jnp.ones((iterations, rows, w.shape[0]), w.dtype)
     dy = jnp.ones((iterations, rows, w.shape[1]), w.dtype)
-    forms = {"x·W": lambda x, dy, w: x @ w, "xᵀ·dY": lambda x, dy, w: x.T @ dy, "dY·Wᵀ": lambda x, dy, w: dy @ w.T}
     result = {}
-    for name, product in forms.items():
+    for name, product in PRODUCTS.items():
         @jax.jit
         def loop(x: jax.Array, dy: jax.Array, w: jax.Array, product: Any = product) -> jax.Array:
             return jax.lax.fori_loop(0, iterations, lambda i, acc: acc + product(x[i], dy[i], w).sum(), 0.0)
