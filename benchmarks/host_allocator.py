@@ -6,15 +6,22 @@ glibc serves a block larger than its mmap threshold (which adapts, up to
 step whose temporaries exceed that pays a page fault for every 4 KiB page
 it touches, every step. Starting Python with
 
-    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296
+    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_ARENA_MAX=1
 
 keeps such blocks in the heap for the next step (at the price of not
-returning freed memory to the system).
+returning freed memory to the system). The third variable matters as much
+as the first two: XLA's threads allocate from glibc's per-thread arenas,
+whose heaps (64 MiB at most) are unmapped once entirely free, whatever the
+thresholds, so without it a batch-64 SST step still took 1,100-9,500 page
+faults in different processes, and with it 0-750 (against 9,400 with the
+defaults). Each child counts the page faults of its timed steps. On a
+2-core CPU the kept blocks removed the faults but not the time, and one
+arena slowed steps below the threshold (docs/performance.md).
 
 For each batch size and backward mode this runs the SST training step
 (``value_and_grad`` + SGD on pre-built batches, H = 150) in child processes,
-alternately with glibc's defaults and with those two variables, for
-``--rounds`` rounds, and reports the median step time of each, next to the
+alternately with glibc's defaults and with those three variables, for
+``--rounds`` rounds, and reports the median step time and page faults of each, next to the
 step's temporaries (XLA's buffer assignment): the difference should show
 only where those exceed the threshold. Without glibc the variables do
 nothing.
@@ -30,6 +37,7 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,7 +54,7 @@ from examples import sst
 from examples.common import print_table
 from fold.compiler.saving import BACKWARDS
 
-KEEP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
+KEEP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32), "MALLOC_ARENA_MAX": "1"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,8 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
-    """Median seconds per training step over ``args.steps`` steps, the step's temporaries, and the
-    allocator variables this process started with."""
+    """Median seconds per training step over ``args.steps`` steps, the page faults per step (minor:
+    fresh pages), the step's temporaries, and the allocator variables this process started with."""
     trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     rng = random.Random(0)
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=args.hidden),
@@ -84,8 +92,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     for b in batches:  # compiles every layout
         jax.block_until_ready(step(params, opt_state, b, key))
     stream = itertools.cycle(batches)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     seconds = median_seconds(lambda: jax.block_until_ready(step(params, opt_state, next(stream), key)), args.steps)
-    return {"seconds": seconds, "temp_bytes": temp,
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
+    return {"seconds": seconds, "faults_per_step": faults, "temp_bytes": temp,
             "env": {k: os.environ.get(k) for k in KEEP_BLOCKS}}
 
 
@@ -120,15 +130,19 @@ def main(argv: list[str] | None = None) -> dict:
                 for name in runs:  # alternate, so both see the same drift of a shared machine
                     runs[name].append(run_child(args, b, backward, name == "keep_blocks"))
             median = {name: statistics.median(x["seconds"] for x in v) for name, v in runs.items()}
+            faults = {name: statistics.median(x["faults_per_step"] for x in v) for name, v in runs.items()}
             rows.append({"batch_size": b, "backward": backward, "temp_bytes": runs["default"][0]["temp_bytes"],
                          "default_s": median["default"], "keep_blocks_s": median["keep_blocks"],
+                         "default_faults": faults["default"], "keep_blocks_faults": faults["keep_blocks"],
                          "speedup": median["default"] / median["keep_blocks"],
                          "runs": runs})
     print_table(f"SST training step, H={args.hidden}, median of {args.rounds} processes x {args.steps} steps "
                 f"(ms; libc: {libc})",
-                ["batch", "backward", "temporaries (MiB)", "glibc defaults", "blocks kept", "speedup"],
+                ["batch", "backward", "temporaries (MiB)", "glibc defaults", "blocks kept", "speedup",
+                 "page faults per step (defaults, kept)"],
                 [[r["batch_size"], r["backward"], f"{r['temp_bytes'] / 2**20:.1f}", f"{r['default_s'] * 1e3:.1f}",
-                  f"{r['keep_blocks_s'] * 1e3:.1f}", f"{r['speedup']:.2f}x"] for r in rows])
+                  f"{r['keep_blocks_s'] * 1e3:.1f}", f"{r['speedup']:.2f}x",
+                  f"{r['default_faults']:.0f}, {r['keep_blocks_faults']:.0f}"] for r in rows])
     results = {"args": {k: v for k, v in vars(args).items() if k != "child"}, "libc": libc,
                "keep_blocks_env": KEEP_BLOCKS, "rows": rows}
     save_results("host_allocator", results, args, lambda png: plot(rows, png))

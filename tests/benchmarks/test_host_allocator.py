@@ -21,6 +21,7 @@ def test_quick_run(tmp_path, monkeypatch):
     assert row["batch_size"] == 16 and row["backward"] == "recompute"
     assert row["temp_bytes"] > 0 and row["default_s"] > 0 and row["keep_blocks_s"] > 0
     assert row["speedup"] == row["default_s"] / row["keep_blocks_s"]
+    assert row["default_faults"] >= 0 and row["keep_blocks_faults"] >= 0
     # Each child started with exactly the variables of its side.
     assert [x["env"] for x in row["runs"]["keep_blocks"]] == [host_allocator.KEEP_BLOCKS]
     assert [x["env"] for x in row["runs"]["default"]] == [{k: None for k in host_allocator.KEEP_BLOCKS}]
