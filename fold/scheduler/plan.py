@@ -196,8 +196,8 @@ class Emitter:
             for k in path:
                 a = self.item(a, k)
             args.append(a)
-        first, d, node = self.var("f"), self.var("d"), self.var("n")
-        for text in self._record_lines(o, args, first, d, node):
+        first, d = self.var("f"), self.var("d")
+        for text in self._record_lines(o, args, first, d):
             self.line(text)
         return value_expr(self.program.ops[o].spec.out_type, first, leaf=lambda e: e if e == first else self.assign(e),
                           tup=self.tuple, void=lambda: self.assign("None"))
@@ -252,23 +252,23 @@ class Emitter:
         op = self.program.ops[o]
         args = [f"i{j}" for j in range(len(op.in_paths))]
         lines = [f"def rec{o}({', '.join(args)}):"]
-        body = self._record_lines(o, args, "first", "d", "node")
+        body = self._record_lines(o, args, "first", "d")
         body.append(f"return {value_expr(op.spec.out_type, 'first')}")
         caller = [f"def call{o}(x):"]
         if op.check_inputs is not None:
             # The walk checks each call; the plan leaves it to ``schedule``, which checks all at once.
             check = self.bind(op.check_inputs, "check")
             caller += [f"    {', '.join(args)}, = {', '.join('x' + _subscript(p) for p in op.in_paths)},",
-                       f"    if {' and '.join(f'v_node[{a}] < 0' for a in args) or 'True'}:",
+                       f"    if {' and '.join(f'v_depth[{a}] == 0' for a in args) or 'True'}:",
                        f"        {check}({', '.join(f'ctx.const_value({a})[None]' for a in args)})",
                        f"    return rec{o}({', '.join(args)})"]
         else:
             caller.append(f"    return rec{o}({', '.join('x' + _subscript(p) for p in op.in_paths)})")
         return lines + ["    " + b for b in body] + caller
 
-    def _record_lines(self, o: int, args: list[str], first: str, d: str, node: str) -> list[str]:
+    def _record_lines(self, o: int, args: list[str], first: str, d: str) -> list[str]:
         """Statements recording one call of operation ``o`` on the value ids in variables ``args``:
-        they set ``d`` (its depth), ``node`` and ``first`` (its first output's value id)."""
+        they set ``d`` (its depth) and ``first`` (its first output's value id)."""
         op = self.program.ops[o]
         n_out = len(op.out_tidx)
         if not args:
@@ -277,31 +277,23 @@ class Emitter:
             lines = [f"{d} = v_depth[{args[0]}] + 1"]
         else:
             lines = [f"{d} = max({', '.join(f'v_depth[{a}]' for a in args)}) + 1"]
-        lines += [f"{node} = len(n_op)", f"n_op.append({o})", f"n_depth.append({d})", f"{first} = len(v_type)"]
+        lines += [f"n_op.append({o})", f"n_depth.append({d})", f"{first} = len(v_depth)", f"n_first.append({first})"]
         if args:
             lines.append(f"n_inputs.append({args[0]})" if len(args) == 1 else f"n_inputs.extend(({', '.join(args)}))")
-        if n_out == 1:
-            lines += [f"v_type.append({op.out_tidx[0]})", f"v_depth.append({d})", f"v_node.append({node})",
-                      "v_pos.append(0)"]
-        else:
-            # Tuple displays: ``[d] * n`` and ``range(n)`` made objects that cost a multi-output
-            # call (the Tree-LSTM cell's) 40 % of its recording time.
-            lines += [f"v_type.extend({self.bind(tuple(op.out_tidx), 'types')})",
-                      f"v_depth.extend(({f'{d}, ' * n_out}))", f"v_node.extend(({f'{node}, ' * n_out}))",
-                      f"v_pos.extend({tuple(range(n_out))})"]
+        # A tuple display: ``[d] * n`` made a list that cost a multi-output call (the Tree-LSTM
+        # cell's) a fifth of its recording time.
+        lines.append(f"v_depth.append({d})" if n_out == 1 else f"v_depth.extend(({f'{d}, ' * n_out}))")
         return lines
 
     @staticmethod
     def _const_maker(t: int) -> list[str]:
         """``const{t}(value)``: a new constant of arena type ``t`` (see ``BatchBuilder.const``)."""
-        return [f"def const{t}(value):",
-                f"    table = consts[{t}]",
-                "    table.append(value)",
-                "    vid = len(v_type)",
-                f"    v_type.append({t})",
+        return [f"table{t}, vids{t} = consts[{t}], c_vids[{t}]",
+                f"def const{t}(value):",
+                f"    table{t}.append(value)",
+                "    vid = len(v_depth)",
+                f"    vids{t}.append(vid)",
                 "    v_depth.append(0)",
-                "    v_node.append(-1)",
-                "    v_pos.append(len(table) - 1)",
                 "    return vid"]
 
     def source(self, root: Any) -> str:
@@ -309,7 +301,7 @@ class Emitter:
         one builder; ``release()`` ends that binding."""
         self._function("run", root, check_depth=False)
         out = ["def _make(ctx):"]
-        for field in ("v_type", "v_depth", "v_node", "v_pos", "n_op", "n_depth", "n_inputs", "consts"):
+        for field in ("v_depth", "n_op", "n_depth", "n_first", "n_inputs", "consts", "c_vids"):
             out.append(f"    {field} = ctx.{field}")
         for i, name in enumerate(self._metrics):
             out.append(f"    metric_ex{i} = ctx.metric_examples[{name!r}]")

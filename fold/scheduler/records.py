@@ -261,5 +261,5 @@ def record(program: Program, examples: Iterable[Any], owner: str,
 
 def _sizes(b: BatchBuilder) -> list[int]:
     """How many values, nodes, inputs, constants per type and entries per metric ``b`` holds."""
-    return [len(b.v_type), len(b.n_op), len(b.n_inputs), *(len(c) for c in b.consts),
+    return [len(b.v_depth), len(b.n_op), len(b.n_inputs), *(len(c) for c in b.consts),
             *(len(v) for v in b.metric_values.values())]

@@ -29,10 +29,27 @@ def _record(compiler: fd.Compiler, examples: list, use_plan: bool) -> tuple[Batc
     return builder, outputs
 
 
+def _value_sources(builder: BatchBuilder) -> tuple[list, list, list]:
+    """Each value's type, node and position, one value at a time: the reference for the arrays
+    ``BatchBuilder.arrays`` derives from the nodes' first values and the constants' ids."""
+    n = len(builder.v_depth)
+    v_type, v_node, v_pos = [None] * n, [None] * n, [None] * n
+    for node, (o, first) in enumerate(zip(builder.n_op, builder.n_first)):
+        for j, t in enumerate(builder.program.ops[o].out_tidx):
+            v_type[first + j], v_node[first + j], v_pos[first + j] = t, node, j
+    for t, vids in enumerate(builder.c_vids):
+        for k, vid in enumerate(vids):
+            v_type[vid], v_node[vid], v_pos[vid] = t, -1, k
+    return v_type, v_node, v_pos
+
+
 def _state(builder: BatchBuilder) -> dict:
     consts = [[None if c is None else (np.asarray(c).dtype.str, np.asarray(c).tolist()) for c in table]
               for table in builder.consts]
-    return {"values": (builder.v_type, builder.v_depth, builder.v_node, builder.v_pos),
+    rec = builder.arrays()
+    values = (rec.v_type.tolist(), rec.v_node.tolist(), rec.v_pos.tolist())
+    assert values == _value_sources(builder)
+    return {"values": (*values, builder.v_depth),
             "nodes": (builder.n_op, builder.n_depth, builder.n_inputs), "consts": consts,
             "metrics": (builder.metric_examples, builder.metric_values), "max_depth": builder.max_depth}
 
