@@ -102,6 +102,9 @@ class Emitter:
         self._decl_functions: dict[Any, str] = {}
         self._metrics: dict[str, int] = {}
         self._tuples: dict[str, list[str]] = {}  # variables holding tuples built here -> their items
+        # Variables holding value ids made here -> their depth's variable ("0" for a constant), so
+        # that a call on them computes its depth without looking it up in ``v_depth``.
+        self._depths: dict[str, str] = {}
 
     # ------------------------------------------------------------ building
     def var(self, prefix: str = "v") -> str:
@@ -199,8 +202,14 @@ class Emitter:
         first, d = self.var("f"), self.var("d")
         for text in self._record_lines(o, args, first, d):
             self.line(text)
-        return value_expr(self.program.ops[o].spec.out_type, first, leaf=lambda e: e if e == first else self.assign(e),
-                          tup=self.tuple, void=lambda: self.assign("None"))
+
+        def leaf(e: str) -> str:
+            v = e if e == first else self.assign(e)
+            self._depths[v] = d
+            return v
+
+        return value_expr(self.program.ops[o].spec.out_type, first, leaf=leaf, tup=self.tuple,
+                          void=lambda: self.assign("None"))
 
     def item(self, x: str, key: Any) -> str:
         """``x[key]``; for a tuple the plan built itself, the element's variable (no lookup at run time)."""
@@ -210,8 +219,13 @@ class Emitter:
         return self.assign(f"{x}[{self.literal(key)}]")
 
     def const(self, ttype: Any, value: str) -> str:
-        """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes."""
-        return self.assign(f"const{self.program.type_index[ttype]}({value})")
+        """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes
+        (``const{t}`` inlined)."""
+        t, v = self.program.type_index[ttype], self.var()
+        for text in (f"table{t}.append({value})", f"{v} = len(v_depth)", f"vids{t}.append({v})", "v_depth.append(0)"):
+            self.line(text)
+        self._depths[v] = "0"
+        return v
 
     def metric(self, name: str, x: str, label: str = "None") -> None:
         """Records tensor ``x`` as an entry of metric ``name``, labeled ``label`` if the metric has
@@ -271,12 +285,14 @@ class Emitter:
         they set ``d`` (its depth) and ``first`` (its first output's value id)."""
         op = self.program.ops[o]
         n_out = len(op.out_tidx)
-        if not args:
+        # Distinct depths other than a constant's 0, each known (``_depths``) or looked up.
+        depths = list(dict.fromkeys(e for e in (self._depths.get(a, f"v_depth[{a}]") for a in args) if e != "0"))
+        if not depths:
             lines = [f"{d} = 1"]
-        elif len(args) == 1:
-            lines = [f"{d} = v_depth[{args[0]}] + 1"]
+        elif len(depths) == 1:
+            lines = [f"{d} = {depths[0]} + 1"]
         else:
-            lines = [f"{d} = max({', '.join(f'v_depth[{a}]' for a in args)}) + 1"]
+            lines = [f"{d} = max({', '.join(depths)}) + 1"]
         lines += [f"n_op.append({o})", f"n_depth.append({d})", f"{first} = len(v_depth)", f"n_first.append({first})"]
         if args:
             lines.append(f"n_inputs.append({args[0]})" if len(args) == 1 else f"n_inputs.extend(({', '.join(args)}))")
