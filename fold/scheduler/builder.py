@@ -144,7 +144,7 @@ class BatchBuilder:
         self.v_depth: list[int] = []
         # Per type: the constants' values and value ids, in order.
         self.consts: list[list[np.ndarray | None]] = [[] for _ in program.types]
-        self.c_vids: list[list[int]] = [[] for _ in program.types]
+        self.const_vids: list[list[int]] = [[] for _ in program.types]
         # Per node: operation index, depth and first output's value id (its outputs are that and
         # the ids after it); the input value ids of all nodes in one flat list (an operation
         # always takes the same number of inputs).
@@ -234,7 +234,7 @@ class BatchBuilder:
         j = np.arange(len(node)) - np.repeat(np.cumsum(counts) - counts, counts)
         vid = np.repeat(np.asarray(self.n_first, np.int64), counts) + j
         v_type[vid], v_node[vid], v_pos[vid] = out_type[n_op[node], j], node, j
-        for t, vids in enumerate(self.c_vids):
+        for t, vids in enumerate(self.const_vids):
             v_type[vids], v_node[vids], v_pos[vids] = t, -1, np.arange(len(vids))
         return v_type, v_node, v_pos
 
@@ -248,7 +248,7 @@ class BatchBuilder:
         for nodes in (self.n_op, self.n_depth, self.n_first):
             del nodes[n_nodes:]
         del self.n_inputs[n_flat:]
-        for table, vids, n in zip(self.consts, self.c_vids, n_consts):
+        for table, vids, n in zip(self.consts, self.const_vids, n_consts):
             del table[n:]
             del vids[n:]
         for name, n in n_metrics.items():
@@ -286,7 +286,7 @@ class BatchBuilder:
         """The host value of a constant id, or None if it is computed."""
         if self.v_depth[vid] > 0:
             return None
-        for tidx, vids in enumerate(self.c_vids):  # each type's ids ascend
+        for tidx, vids in enumerate(self.const_vids):  # each type's ids ascend
             pos = bisect.bisect_left(vids, vid)
             if pos < len(vids) and vids[pos] == vid:
                 value, t = self.consts[tidx][pos], self.program.types[tidx]

@@ -304,7 +304,7 @@ class Emitter:
     @staticmethod
     def _const_maker(t: int) -> list[str]:
         """``const{t}(value)``: a new constant of arena type ``t`` (see ``BatchBuilder.const``)."""
-        return [f"table{t}, vids{t} = consts[{t}], c_vids[{t}]",
+        return [f"table{t}, vids{t} = consts[{t}], const_vids[{t}]",
                 f"def const{t}(value):",
                 f"    table{t}.append(value)",
                 "    vid = len(v_depth)",
@@ -317,7 +317,7 @@ class Emitter:
         one builder; ``release()`` ends that binding."""
         self._function("run", root, check_depth=False)
         out = ["def _make(ctx):"]
-        for field in ("v_depth", "n_op", "n_depth", "n_first", "n_inputs", "consts", "c_vids"):
+        for field in ("v_depth", "n_op", "n_depth", "n_first", "n_inputs", "consts", "const_vids"):
             out.append(f"    {field} = ctx.{field}")
         for i, name in enumerate(self._metrics):
             out.append(f"    metric_ex{i} = ctx.metric_examples[{name!r}]")

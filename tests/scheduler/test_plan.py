@@ -37,7 +37,7 @@ def _value_sources(builder: BatchBuilder) -> tuple[list, list, list]:
     for node, (o, first) in enumerate(zip(builder.n_op, builder.n_first)):
         for j, t in enumerate(builder.program.ops[o].out_tidx):
             v_type[first + j], v_node[first + j], v_pos[first + j] = t, node, j
-    for t, vids in enumerate(builder.c_vids):
+    for t, vids in enumerate(builder.const_vids):
         for k, vid in enumerate(vids):
             v_type[vid], v_node[vid], v_pos[vid] = t, -1, k
     return v_type, v_node, v_pos
