@@ -139,8 +139,8 @@ class BatchBuilder:
         self.dataset_indices: Sequence[int] | None = None
         # Per tensor value id, its depth (0 for a constant, at least 1 for a node's output). What
         # else ``Recorded`` holds per value (type, producing node, position) follows from the
-        # nodes' first values and the constants' ids (``arrays``): three lists fewer to append to
-        # for every value made the walk a tenth faster.
+        # nodes' first values and the constants' ids (``arrays``), so that the walk appends to one
+        # list per value, not four (docs/performance.md, "Host: building schedules").
         self.v_depth: list[int] = []
         # Per type: the constants' values and value ids, in order.
         self.consts: list[list[np.ndarray | None]] = [[] for _ in program.types]
