@@ -210,17 +210,19 @@ class BatchBuilder:
         def ints(values: list) -> np.ndarray:
             return np.asarray(values, np.int64)
 
-        v_type, v_node, v_pos = self._value_sources()
-        return Recorded(v_type, v_node, v_pos, ints(self.n_op),
+        n_op = ints(self.n_op)
+        v_type, v_node, v_pos = self._value_sources(n_op)
+        return Recorded(v_type, v_node, v_pos, n_op,
                         ints(self.n_depth), ints(self.n_inputs),
                         [const_table(c, t) for c, t in zip(self.consts, self.program.types)],
                         {k: ints(v) for k, v in self.metric_values.items()},
                         {k: ints(v) for k, v in self.metric_examples.items()},
                         {k: list(v) for k, v in self.metric_labels.items()})
 
-    def _value_sources(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _value_sources(self, n_op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each value's type, producing node (-1 for a constant) and position (the constant's index
-        in its type's table, or the node's output j), from the nodes and the constants' ids."""
+        in its type's table, or the node's output j), from the nodes (``n_op`` as an array) and the
+        constants' ids."""
         n_values = len(self.v_depth)
         v_type, v_node, v_pos = np.empty(n_values, np.int64), np.empty(n_values, np.int64), np.empty(n_values, np.int64)
         ops = self.program.ops
@@ -228,7 +230,6 @@ class BatchBuilder:
         out_type = np.zeros((len(ops), max(n_out, default=0)), np.int64)
         for o, op in enumerate(ops):
             out_type[o, :n_out[o]] = op.out_tidx
-        n_op = np.asarray(self.n_op, np.int64)
         counts = n_out[n_op]
         node = np.repeat(np.arange(len(n_op)), counts)
         j = np.arange(len(node)) - np.repeat(np.cumsum(counts) - counts, counts)

@@ -78,6 +78,12 @@ def value_expr(t: Any, first: str, leaf: Callable[[str], str] = lambda e: e,
     return expr(t)
 
 
+def _const_lines(t: int, value: str, vid: str) -> tuple[str, ...]:
+    """Statements recording expression ``value`` as a new constant of arena type ``t`` (its table
+    ``table{t}``, its ids ``vids{t}``); they set ``vid`` to its value id."""
+    return f"table{t}.append({value})", f"{vid} = len(v_depth)", f"vids{t}.append({vid})", "v_depth.append(0)"
+
+
 class TooDeep(Exception):
     """The example recurses deeper than the plan's limit: walk it instead."""
 
@@ -221,8 +227,8 @@ class Emitter:
     def const(self, ttype: Any, value: str) -> str:
         """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes
         (``const{t}`` inlined)."""
-        t, v = self.program.type_index[ttype], self.var()
-        for text in (f"table{t}.append({value})", f"{v} = len(v_depth)", f"vids{t}.append({v})", "v_depth.append(0)"):
+        v = self.var()
+        for text in _const_lines(self.program.type_index[ttype], value, v):
             self.line(text)
         self._depths[v] = "0"
         return v
@@ -304,13 +310,8 @@ class Emitter:
     @staticmethod
     def _const_maker(t: int) -> list[str]:
         """``const{t}(value)``: a new constant of arena type ``t`` (see ``BatchBuilder.const``)."""
-        return [f"table{t}, vids{t} = consts[{t}], const_vids[{t}]",
-                f"def const{t}(value):",
-                f"    table{t}.append(value)",
-                "    vid = len(v_depth)",
-                f"    vids{t}.append(vid)",
-                "    v_depth.append(0)",
-                "    return vid"]
+        return [f"table{t}, vids{t} = consts[{t}], const_vids[{t}]", f"def const{t}(value):",
+                *("    " + text for text in _const_lines(t, "value", "vid")), "    return vid"]
 
     def source(self, root: Any) -> str:
         """The module: ``_make(ctx)`` returns ``(run, callers, constant makers, release)`` bound to
