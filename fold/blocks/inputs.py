@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fold.blocks.base import Block, Repeat, run_leaf, unify
@@ -25,6 +26,7 @@ from fold.blocks.types import (
     Type,
     VoidType,
     convert_to_type,
+    dtype_kind,
     fold_type,
     is_tensor_tree,
 )
@@ -58,27 +60,29 @@ def to_array(x: Any, ttype: TensorType) -> np.ndarray | np.generic:
     arr = np.asarray(x)
     if arr.dtype == object:
         raise TypeError(f"expected a number or array for {ttype}, got {type(x).__name__} {x!r}")
-    if arr.dtype.kind in "USV":
+    source = dtype_kind(arr.dtype)
+    if source in "USV":
         raise ValueError(f"expected numbers for {ttype}, got {x!r}")
     if arr.shape != ttype.shape:
         raise ValueError(f"expected shape {ttype.shape} for {ttype}, got shape {arr.shape}: {x!r}")
-    target = np.dtype(ttype.dtype)
-    if target.kind in "iu" and arr.dtype.kind == "f":
+    target, kind = _np_dtype(ttype.dtype), _kind(ttype.dtype)
+    if kind in "iu" and source == "f":
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             raise ValueError(f"expected integers for {ttype}, got {x!r}")
     # Integral floats must fit too: casting 1e40 to int32 would silently wrap.
-    if target.kind in "iu" and arr.dtype.kind in "iuf" and arr.size:
-        info = np.iinfo(target)
-        if arr.min() < info.min or arr.max() > info.max:
+    if kind in "iu" and source in "iuf" and arr.size:
+        low, high = _int_bounds(target)
+        if arr.min() < low or arr.max() > high:
             raise ValueError(f"value {x!r} does not fit in {ttype.dtype}")
-    if target.kind == "b" and arr.dtype.kind != "b":
+    if kind == "b" and source != "b":
         raise ValueError(f"expected booleans for {ttype}, got {x!r}")
-    if arr.dtype.kind == "c" and target.kind != "c":
+    if source == "c" and kind != "c":
         raise ValueError(f"expected real numbers for {ttype}, got the complex value {x!r}")
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         out = arr.astype(target)
-    if target.kind in "fc" and np.any(np.isinf(out) & np.isfinite(arr)):
-        raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {float(np.finfo(target).max):g})")
+    # Overflow gives inf, or NaN in float types without inf (float8_e4m3fn).
+    if kind in "fc" and np.any(~np.isfinite(out) & np.isfinite(arr)):
+        raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {_largest(ttype.dtype):g})")
     return out
 
 
@@ -93,21 +97,32 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+@functools.cache
+def _kind(name: str) -> str:
+    return dtype_kind(name)
+
+
+@functools.cache
+def _largest(name: str) -> float:
+    """The largest finite value of a float or complex dtype (``jnp.finfo`` knows ``bfloat16``)."""
+    return float(jnp.finfo(name).max)
+
+
 def scalar_converter(ttype: TensorType) -> Any:
     """For a scalar int or float type, ``to_array`` with a fast path for Python numbers that are
     already valid (kept as they are: constant tables become arrays in one go); else None."""
     if ttype.shape != ():
         return None
-    target = _np_dtype(ttype.dtype)
-    if target.kind in "iu":
+    target, kind = _np_dtype(ttype.dtype), _kind(ttype.dtype)
+    if kind in "iu":
         low, high = _int_bounds(target)
 
         def convert_int(x: Any) -> Any:
             return x if type(x) is int and low <= x <= high else to_array(x, ttype)
 
         return convert_int
-    if target.kind == "f":
-        largest = float(np.finfo(target).max)
+    if kind == "f":
+        largest = _largest(ttype.dtype)
 
         def convert_float(x: Any) -> Any:
             # Kept as they are only if the table's cast cannot overflow (NaN goes the slow way too).
@@ -119,13 +134,12 @@ def scalar_converter(ttype: TensorType) -> Any:
 
 def _scalar(x: int | float, ttype: TensorType) -> np.ndarray | np.generic:
     """The common case of ``to_array``, a Python number to a scalar, without building arrays."""
-    target = _np_dtype(ttype.dtype)
-    kind = target.kind
+    target, kind = _np_dtype(ttype.dtype), _kind(ttype.dtype)
     if kind == "f":
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             value = target.type(x)
-        if math.isinf(value) and math.isfinite(x):
-            raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {float(np.finfo(target).max):g})")
+        if not math.isfinite(value) and math.isfinite(x):
+            raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {_largest(ttype.dtype):g})")
         return value
     if kind in "iu":
         if type(x) is float and not (math.isfinite(x) and x == int(x)):
@@ -192,7 +206,7 @@ class FromTensor(Block):
             raise TypeError(f"FromTensor needs a NumPy or JAX array, got {type(tensor).__name__} {tensor!r}; "
                             "give it one with the dtype you mean, e.g. np.float32(42) or np.asarray(x, 'float32')")
         arr = np.asarray(tensor)
-        if arr.dtype == object or arr.dtype.kind in "USV":
+        if arr.dtype == object or dtype_kind(arr.dtype) in "USV":
             raise TypeError(f"FromTensor needs a numeric array, got {tensor!r}")
         self._ttype = TensorType(arr.shape, arr.dtype)
         self._value = arr.astype(self._ttype.dtype)

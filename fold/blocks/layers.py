@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fold.blocks.types import TensorType, TupleType, Type
+from fold.blocks.types import TensorType, TupleType, Type, dtype_kind
 
 __all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case", "vector_size"]
 
@@ -148,7 +148,7 @@ def vector_size(layer: Layer, t: Type) -> tuple[int, str]:
     items = list(t) if isinstance(t, TupleType) else [t]
     size, dtype = 0, None
     for item in items:
-        if not isinstance(item, TensorType) or item.ndim != 1 or np.dtype(item.dtype).kind != "f":
+        if not isinstance(item, TensorType) or item.ndim != 1 or dtype_kind(item.dtype) != "f":
             raise TypeError(f"{layer!r} takes float vectors (or a tuple of them), not {t}")
         if dtype is not None and item.dtype != dtype:
             raise TypeError(f"{layer!r} got mixed dtypes in {t}")
@@ -290,7 +290,7 @@ class Embedding(Layer):
 
     def init(self, key: jax.Array, input_type: Type) -> dict:
         if not isinstance(input_type, TensorType) or input_type.shape != () or \
-                np.dtype(input_type.dtype).kind not in "iu":
+                dtype_kind(input_type.dtype) not in "iu":
             raise TypeError(f"{self!r} takes scalar integer ids, not {input_type}")
         if self._table is not None:
             return {"table": jnp.asarray(self._table, dtype=self.dtype)}
@@ -353,7 +353,7 @@ class Dropout(Layer):
         self.rate = check_rate(self, rate)
 
     def init(self, key: jax.Array, input_type: Type) -> dict:
-        if not isinstance(input_type, TensorType) or np.dtype(input_type.dtype).kind != "f":
+        if not isinstance(input_type, TensorType) or dtype_kind(input_type.dtype) != "f":
             raise TypeError(f"{self!r} takes one float tensor, not {input_type}")
         return {}
 

@@ -45,6 +45,19 @@ __all__ = [
 ]
 
 
+def dtype_kind(dtype: Any) -> str:
+    """NumPy's kind letter of ``dtype`` (``"f"``, ``"i"``, ``"u"``, ``"b"``, ``"c"``, ...), with
+    ``"f"`` also for the float types JAX adds to NumPy's (``bfloat16``, the ``float8`` types),
+    whose NumPy kind is ``"V"``.
+
+    Examples:
+        >>> dtype_kind("bfloat16"), dtype_kind("float32"), dtype_kind("int8")
+        ('f', 'f', 'i')
+    """
+    np_dtype = np.dtype(dtype)
+    return "f" if jax.dtypes.issubdtype(np_dtype, np.floating) else np_dtype.kind
+
+
 def canonical_dtype(dtype: Any) -> str:
     """Returns the dtype name JAX will really use (64-bit -> 32-bit when x64 is off)."""
     try:

@@ -62,7 +62,7 @@ def check_values(program: Program, builder: BatchBuilder, batch: Batch, arenas: 
     assert host is not None  # built with keep_host=True
     bad: list[int] = []
     for t, arena in ((t, np.asarray(a)) for t, a in arenas.items()):
-        if not np.issubdtype(arena.dtype, np.inexact):
+        if not jnp.issubdtype(arena.dtype, jnp.inexact):
             continue
         ids = np.flatnonzero(host.v_type == t)
         if not len(ids):

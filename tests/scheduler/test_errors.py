@@ -183,6 +183,10 @@ def test_a_dict_or_set_given_to_map_is_an_error_not_its_keys(container, hint):
     (fd.Scalar(), 1.0, 1e39, r"value 1e\+39 overflows float32"),
     (fd.Vector(2), [1.0, 2.0], [1.0, -1e39], r"overflows float32"),
     (fd.Scalar("float16"), 7, 70000, r"value 70000 overflows float16"),
+    # JAX's own float types, whose NumPy kind is "V": bfloat16 overflows to inf, float8_e4m3fn to NaN.
+    (fd.Scalar("bfloat16"), 7, 1e39, r"value 1e\+39 overflows bfloat16 \(largest 3.38953e\+38\)"),
+    (fd.Vector(2, "bfloat16"), np.ones(2, "bfloat16"), np.array([1.0, -1e39]), r"overflows bfloat16"),
+    (fd.Scalar("float8_e4m3fn"), 7, 1000.0, r"value 1000.0 overflows float8_e4m3fn \(largest 448\)"),
     (fd.Vector(2), np.array([1.0, 3.0]), np.array([1 + 2j, 3]), "expected real numbers.*complex"),
     (fd.InputTransform(lambda n: [0] * n) >> fd.Length(dtype="float16"), 7, 70000, "value 70000 overflows float16"),
 ])
