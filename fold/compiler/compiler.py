@@ -571,7 +571,9 @@ class Compiler:
     @functools.cached_property
     def apply(self) -> Callable[..., Result]:
         """``apply(params, batch, key=None) -> Result``: runs a built batch; pure and jittable,
-        differentiable in ``params``.
+        differentiable in ``params`` in reverse mode (``jax.grad``, ``jax.vjp``) and forward over
+        reverse (``jax.hessian``, ``jax.jvp`` of ``jax.grad``), not in forward mode alone nor
+        reverse over reverse (docs/errors.md).
 
         ``key`` (a PRNG key) switches stochastic layers such as ``Dropout``
         on, with draws that depend only on ``key`` and the batch; without it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,3 +143,54 @@ def test_integer_values_computed_inside_the_loop():
     assert not np.any(np.asarray(grads["fc"]["w"]))  # argmax blocks the gradient
     summed = sum(np.asarray(grad_fn(params, compiler.build_batch([e]))["embedding"]["table"]) for e in examples)
     np.testing.assert_allclose(np.asarray(grads["embedding"]["table"]), summed, rtol=1e-5)
+
+
+def _tree_rnn(hidden: int = 3) -> tuple[fd.Block, Callable]:
+    """A recursive tree model (its loop runs in ``apply``'s ``while_loop``) and an unbatched JAX
+    evaluation of one tree, differentiable to any order."""
+    node = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((hidden,), "float64"))
+    leaf = (fd.Scalar("float64") >> fd.Function(lambda x: x[:, None] * jnp.ones((1, hidden), x.dtype))
+            >> fd.FC(hidden, activation=jnp.tanh, name="leaf"))
+    inner = fd.Record((node(), node())) >> fd.Concat() >> fd.FC(hidden, activation=jnp.tanh, name="inner")
+    node.resolve_to(fd.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
+
+    def reference(p: dict, tree) -> jax.Array:
+        if isinstance(tree, tuple):
+            x = jnp.concatenate([reference(p, tree[0]), reference(p, tree[1])])
+            return jnp.tanh(x @ p["inner"]["w"] + p["inner"]["b"])
+        return jnp.tanh(tree * jnp.ones(hidden) @ p["leaf"]["w"] + p["leaf"]["b"])
+
+    return node() >> fd.Function(lambda h: jnp.sum(h, -1)), reference
+
+
+@pytest.mark.parametrize("backward", ["recompute", "save"])
+def test_second_order_derivatives_match_an_unbatched_evaluation(backward):
+    """``apply`` is a ``custom_vjp`` whose backward pass is plain JAX, so forward over reverse
+    (``jvp`` of a ``grad``: Hessian-vector products, and ``jax.hessian``) differentiates it. Forward
+    mode on ``apply`` itself and reverse over reverse (the backward loop is a ``while_loop``) are
+    refused with JAX's errors, as docs/errors.md shows."""
+    with enable_x64():
+        block, reference = _tree_rnn()
+        trees = [0.5, (0.1, -0.3), ((0.2, 0.4), -0.7), (((0.3, -0.1), 0.9), (0.2, -0.6))]
+        compiler = fd.Compiler.create(block, backward=backward)
+        params = compiler.init(jax.random.key(0))
+        batch = compiler.build_batch(trees)
+
+        def batched(p):
+            return jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))
+
+        def unbatched(p):
+            return sum(jnp.sin(jnp.sum(reference(p, t))) for t in trees)
+
+        derivatives = {
+            "jvp of grad": lambda f: jax.jvp(jax.grad(f), (params,), (params,))[1],
+            "hessian": lambda f: jax.hessian(f)(params)["inner"],
+        }
+        for name, derivative in derivatives.items():
+            got, want = derivative(batched), derivative(unbatched)
+            assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want), name
+            for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+                assert np.abs(np.asarray(w)).max() > 1e-3, name  # not a comparison of zeros
+                np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, err_msg=name)
+        with pytest.raises(ValueError, match="Reverse-mode differentiation does not work for lax.while_loop"):
+            jax.grad(lambda q: jnp.sum(jax.grad(batched)(q)["inner"]["w"] ** 2))(params)
