@@ -16,6 +16,7 @@ import itertools
 import uuid
 import weakref
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn, overload
 
@@ -484,10 +485,13 @@ class Compiler:
         processes, each passes its own examples and ``batch_size`` counts its
         own share of a step; every process must yield as many batches.
 
-        ``examples`` may be examples recorded with ``record``.
-        ``shuffle`` permutes the examples with ``numpy.random.default_rng(seed)``
-        (fresh entropy when ``seed`` is None). The last partial batch is
-        yielded unless ``drop_remainder``.
+        ``examples`` may be any iterable, a generator or an endless stream too:
+        it is read lazily, as far as the batches taken (and the few built
+        ahead) need, in the calling thread. ``shuffle`` permutes the examples
+        with ``numpy.random.default_rng(seed)`` (fresh entropy when ``seed`` is
+        None), which reads them all first. ``examples`` may also be examples
+        recorded with ``record``. The last partial batch is yielded unless
+        ``drop_remainder``.
 
         By default (``prefetch``, ``num_workers=0``) a background thread of this
         process builds the next batches, in order, while the caller runs its
@@ -513,7 +517,7 @@ class Compiler:
         is paid once, not once per epoch. Workers need spare cores to pay off.
 
         Args:
-          examples: Python examples or ``RecordedExamples``.
+          examples: an iterable of Python examples, or ``RecordedExamples``.
           batch_size: examples per batch (> 0).
           shuffle: permute the examples first.
           num_workers: worker processes building ahead (0: this process builds,
@@ -541,31 +545,52 @@ class Compiler:
         if devices is not None and num_workers:
             raise ValueError("batches(devices=...) builds in the calling process: pass num_workers=0 "
                              "(several processes each build their own share)")
-        recorded: RecordedExamples | None = None
-        listed: list[Any] = []
-        if isinstance(examples, RecordedExamples):
-            recorded = examples
-        else:
-            listed = list(examples)
-        n = len(recorded) if recorded is not None else len(listed)
-        order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-        stop = n - n % batch_size if drop_remainder else n
-        indices = [order[i:i + batch_size] for i in range(0, stop, batch_size)]
-        chunks: list[RecordedExamples | ExampleChunk] = [
-            recorded[idx] if recorded is not None else ExampleChunk([listed[j] for j in idx], idx.tolist())
-            for idx in indices]
+        pieces = self._pieces(examples, batch_size, shuffle, drop_remainder, seed)
+        indices: deque[np.ndarray] = deque()
+
+        def chunks() -> Iterator[RecordedExamples | ExampleChunk]:
+            # Read lazily as batches are built ahead: a stream of examples is taken only as far as
+            # the batches need. Each chunk's indices wait for its batch in ``indices``.
+            for chunk, idx in pieces:
+                indices.append(idx)
+                yield chunk
+
         if devices is not None:
-            for chunk, idx in zip(chunks, indices):
+            for chunk, idx in pieces:
                 yield self._build_sharded(chunk, devices, axis, idx.tolist())
             return
-        built = ((self._build_batch(chunk) for chunk in chunks) if num_workers == 0 and not prefetch
-                 else build_ahead(self._build_batch, chunks, num_workers, self._idle_workers))
+        built = ((self._build_batch(chunk) for chunk in chunks()) if num_workers == 0 and not prefetch
+                 else build_ahead(self._build_batch, chunks(), num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
         # layouts planned from a few batches ahead.
-        for batch, idx in zip(self._layouts.stream(map(self._saving.decide, built)), indices):
-            batch.example_indices = idx
+        for batch in self._layouts.stream(map(self._saving.decide, built)):
+            batch.example_indices = indices.popleft()
             self._stats.built(batch)  # counted here: workers have their own copy of the counters
             yield batch
+
+    @staticmethod
+    def _pieces(examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool, drop_remainder: bool,
+                seed: int | None) -> Iterator[tuple[RecordedExamples | ExampleChunk, np.ndarray]]:
+        """``batches``' examples cut into batches, each with its examples' indices in ``examples``:
+        lazily, reading ``examples`` as far as the batches taken need, unless they are shuffled
+        (a permutation needs them all)."""
+        if isinstance(examples, RecordedExamples) or shuffle:
+            every = examples if isinstance(examples, RecordedExamples) else list(examples)
+            order = np.random.default_rng(seed).permutation(len(every)) if shuffle else np.arange(len(every))
+            for start in range(0, len(order), batch_size):
+                idx = order[start:start + batch_size]
+                if drop_remainder and len(idx) < batch_size:
+                    return
+                yield (every[idx] if isinstance(every, RecordedExamples)
+                       else ExampleChunk([every[j] for j in idx], idx.tolist())), idx
+            return
+        stream = iter(examples)
+        for start in itertools.count(0, batch_size):
+            piece = list(itertools.islice(stream, batch_size))
+            if not piece or (drop_remainder and len(piece) < batch_size):
+                return
+            idx = np.arange(start, start + len(piece))
+            yield ExampleChunk(piece, idx.tolist()), idx
 
     # ---------------------------------------------------------------- apply
     @functools.cached_property

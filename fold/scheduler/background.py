@@ -53,7 +53,7 @@ import time
 import traceback
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -271,32 +271,45 @@ class IdlePool:
             pool.stop()
 
 
-def _in_order(n: int, window: int, submit: Any, result: Any) -> Iterator[Any]:
-    """``result(i)`` for ``i`` in ``range(n)``, keeping up to ``window`` jobs submitted ahead."""
-    submitted = 0
-    for i in range(n):
-        while submitted < n and submitted - i < window:
-            submit(submitted)
+_END = object()
+
+
+def _in_order(chunks: Iterable[Any], window: int, submit: Any, result: Any) -> Iterator[Any]:
+    """``result(i)`` for the ``i``-th of ``chunks``, in order, keeping up to ``window`` jobs
+    submitted ahead (``submit(i, chunk)``). ``chunks`` is read lazily, in the caller's thread:
+    a stream of examples is taken only as far as the batches ahead need."""
+    pending = iter(chunks)
+    submitted = done = 0
+    while True:
+        while submitted - done < window:
+            chunk = next(pending, _END)
+            if chunk is _END:
+                break
+            submit(submitted, chunk)
             submitted += 1
-        yield result(i)
+        if done == submitted:
+            return
+        yield result(done)
+        done += 1
 
 
-def _with_threads(build: Build, chunks: Sequence[Any], num_workers: int, ahead: int) -> Iterator[Any]:
+
+def _with_threads(build: Build, chunks: Iterable[Any], num_workers: int, ahead: int) -> Iterator[Any]:
     pool = ThreadPoolExecutor(num_workers)
     pending: deque = deque()
     try:
-        yield from _in_order(len(chunks), num_workers + ahead,
-                             lambda j: pending.append(pool.submit(build, chunks[j])),
-                             lambda i: pending.popleft().result())
+        yield from _in_order(chunks, num_workers + ahead,
+                             lambda _, chunk: pending.append(pool.submit(build, chunk)),
+                             lambda _: pending.popleft().result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _with_processes(build: Build, chunks: Sequence[Any], num_workers: int, ahead: int,
+def _with_processes(build: Build, chunks: Iterable[Any], num_workers: int, ahead: int,
                     idle: IdlePool) -> Iterator[Any]:
     pool = idle.take(build, num_workers)
     try:
-        yield from _in_order(len(chunks), num_workers + ahead, lambda j: pool.submit(j, chunks[j]), pool.result)
+        yield from _in_order(chunks, num_workers + ahead, pool.submit, pool.result)
     finally:
         # Kept only when every batch was read: anything still in flight would reach the next call.
         if pool.usable(num_workers):
@@ -305,12 +318,13 @@ def _with_processes(build: Build, chunks: Sequence[Any], num_workers: int, ahead
             pool.stop()
 
 
-def build_ahead(build: Build, chunks: Sequence[Any], num_workers: int, idle: IdlePool,
+def build_ahead(build: Build, chunks: Iterable[Any], num_workers: int, idle: IdlePool,
                 ahead: int = 2) -> Iterator[Any]:
     """Yields the batch of every chunk, in order, built in the background by ``build``: by
     ``num_workers`` workers of ``idle`` (threads where processes cannot be forked), or with
-    ``num_workers == 0`` by one thread of this process, as one worker."""
-    if not chunks:
+    ``num_workers == 0`` by one thread of this process, as one worker. ``chunks`` may be a lazy
+    iterator; it is read in the caller's thread."""
+    if isinstance(chunks, Sequence) and not chunks:
         return
     if num_workers == 0:
         yield from _with_threads(build, chunks, 1, ahead)

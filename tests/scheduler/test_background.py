@@ -4,6 +4,7 @@ reuse."""
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -40,6 +41,44 @@ def test_workers_build_the_same_batches_in_order():
     params = compiler.init(jax.random.key(0))
     out = np.concatenate([np.asarray(compiler.apply(params, b).outputs) for b in parallel])
     np.testing.assert_allclose(out, [3.0 * i * (i % 7) for i in range(101)])
+
+
+@pytest.mark.parametrize("num_workers, prefetch", [(0, False), (0, True), (2, True)])
+def test_an_endless_stream_of_examples_is_read_only_as_far_as_the_batches_need(num_workers, prefetch):
+    """``batches`` once made a list of its examples first, so an endless generator never gave a
+    batch while its memory grew. It reads them lazily now, in the caller's thread, a few batches
+    ahead at most; indices, outputs and a bad example's error count from the stream's start."""
+    compiler = _model()
+    read = []
+
+    def stream():
+        for i in itertools.count():
+            assert i < 1000, "batches read the stream far past what its batches need"
+            read.append(threading.current_thread())
+            yield [float(i)] * (i % 5) if i != 60 else ["bad"]
+
+    batches = compiler.batches(stream(), 4, num_workers=num_workers, prefetch=prefetch)
+    taken = [next(batches) for _ in range(5)]
+    assert [b.example_indices.tolist() for b in taken] == [list(range(4 * k, 4 * k + 4)) for k in range(5)]
+    params = compiler.init(jax.random.key(0))
+    out = np.concatenate([np.asarray(compiler.apply(params, b).outputs) for b in taken])
+    np.testing.assert_allclose(out, [3.0 * i * (i % 5) for i in range(20)])
+    # The layouts' first plan samples PLAN_AHEAD batches; building ahead adds a few more.
+    assert 20 <= len(read) <= 4 * (layouts.PLAN_AHEAD + 5 + num_workers + 2)
+    assert set(read) == {threading.current_thread()}
+    with pytest.raises(ValueError, match="example 60 "):
+        for _ in range(20):
+            next(batches)
+
+
+def test_a_generator_gives_the_batches_a_list_gives():
+    compiler = _model()
+    data = [[float(i)] * (i % 3) for i in range(11)]
+    for options in ({}, {"drop_remainder": True}, {"shuffle": True, "seed": 4}, {"num_workers": 2}):
+        from_list = list(compiler.batches(data, 4, **options))
+        from_generator = list(compiler.batches((x for x in data), 4, **options))
+        assert [b.example_indices.tolist() for b in from_generator] == [b.example_indices.tolist() for b in from_list]
+        assert all(_arrays_equal(a, b) for a, b in zip(from_generator, from_list)), options
 
 
 def test_two_interleaved_streams_each_get_their_own_batches():
