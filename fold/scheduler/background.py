@@ -277,21 +277,28 @@ _END = object()
 def _in_order(chunks: Iterable[Any], window: int, submit: Any, result: Any) -> Iterator[Any]:
     """``result(i)`` for the ``i``-th of ``chunks``, in order, keeping up to ``window`` jobs
     submitted ahead (``submit(i, chunk)``). ``chunks`` is read lazily, in the caller's thread:
-    a stream of examples is taken only as far as the batches ahead need."""
+    a stream of examples is taken only as far as the batches ahead need. An error reading it
+    (the examples' own: a file gone) is raised after the batches read before it."""
     pending = iter(chunks)
     submitted = done = 0
+    reading, error = True, None
     while True:
-        while submitted - done < window:
-            chunk = next(pending, _END)
+        while reading and submitted - done < window:
+            try:
+                chunk = next(pending, _END)
+            except Exception as e:
+                chunk, error = _END, e
             if chunk is _END:
+                reading = False
                 break
             submit(submitted, chunk)
             submitted += 1
         if done == submitted:
+            if error is not None:
+                raise error
             return
         yield result(done)
         done += 1
-
 
 
 def _with_threads(build: Build, chunks: Iterable[Any], num_workers: int, ahead: int) -> Iterator[Any]:

@@ -71,6 +71,23 @@ def test_an_endless_stream_of_examples_is_read_only_as_far_as_the_batches_need(n
             next(batches)
 
 
+@pytest.mark.parametrize("num_workers, prefetch", [(0, False), (0, True), (2, True)])
+def test_an_error_reading_the_examples_comes_after_the_batches_before_it(num_workers, prefetch):
+    compiler = _model()
+
+    def stream():
+        for i in range(30):
+            if i == 10:
+                raise OSError("the file is gone")
+            yield [float(i)]
+
+    got = []
+    with pytest.raises(OSError, match="the file is gone"):
+        for batch in compiler.batches(stream(), 4, num_workers=num_workers, prefetch=prefetch):
+            got.append(batch.example_indices.tolist())
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 def test_a_generator_gives_the_batches_a_list_gives():
     compiler = _model()
     data = [[float(i)] * (i % 3) for i in range(11)]
