@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ExplainedTypeError", "InvalidConstant", "LeafError", "set_type", "type_error"]
+import numpy as np
+
+__all__ = ["ExplainedTypeError", "InvalidConstant", "LeafError", "check_int", "set_type", "type_error"]
 
 
 class ExplainedTypeError(TypeError):
@@ -68,3 +70,12 @@ class InvalidConstant(Exception):
     def __init__(self, error: Exception):
         super().__init__(str(error))
         self.error = error
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, if it is one (a Python or NumPy int, not a bool) of at least
+    ``minimum``; else ValueError naming the option ``name``. A float such as 2.5 or a string
+    would otherwise fail later, in ``range`` or ``islice``, with a message that names neither."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)

@@ -58,6 +58,7 @@ import optax
 from fold.checkpoint import load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import Result
+from fold.errors import check_int
 from fold.scheduler.batch import Batch
 from fold.scheduler.records import RecordedExamples
 
@@ -155,11 +156,9 @@ class Trainer:
                                  "add fd.Metric(name) or pass loss=a function of the Result")
         elif not callable(loss):
             raise TypeError(f"loss must be a metric name or a function of the Result, got {loss!r}")
-        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        batch_size = check_int("batch_size", batch_size, 1)
+        eval_batch_size = check_int("eval_batch_size", eval_batch_size, 1)
+        num_workers = check_int("num_workers", num_workers, 0)
         self.compiler = compiler
         self.optimizer = optimizer
         self.loss = loss
@@ -238,12 +237,9 @@ class Trainer:
             unknown ``mode``, or a ``monitor`` no evaluation records.
           ImportError: ``log_dir`` without ``tensorboardX``.
         """
-        if epochs < 0:
-            raise ValueError(f"epochs must be >= 0, got {epochs}")
-        if eval_every is not None and eval_every <= 0:
-            raise ValueError(f"eval_every must be positive, got {eval_every}")
-        if patience is not None and patience <= 0:
-            raise ValueError(f"patience must be positive, got {patience}")
+        epochs = check_int("epochs", epochs, 0)
+        eval_every = None if eval_every is None else check_int("eval_every", eval_every, 1)
+        patience = None if patience is None else check_int("patience", patience, 1)
         if resume and checkpoint_dir is None:
             raise ValueError("resume=True needs the checkpoint_dir to resume from")
         if mode not in (None, "min", "max"):

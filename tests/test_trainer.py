@@ -196,11 +196,15 @@ def test_bad_arguments_are_refused():
         fd.Trainer(compiler, optax.sgd(0.1), loss="cost")
     with pytest.raises(TypeError, match="Trainer takes a Compiler"):
         fd.Trainer(regression(), optax.sgd(0.1))
-    with pytest.raises(ValueError, match="batch_size must be positive"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
         fd.Trainer(compiler, optax.sgd(0.1), batch_size=0)
+    with pytest.raises(ValueError, match="eval_batch_size must be an int >= 1, got 2.5"):
+        fd.Trainer(compiler, optax.sgd(0.1), eval_batch_size=2.5)
     t = fd.Trainer(compiler, optax.sgd(0.1), batch_size=BATCH, progress=False)
     with pytest.raises(ValueError, match="resume=True needs the checkpoint_dir"):
         t.fit(data(), epochs=1, resume=True)
+    with pytest.raises(ValueError, match="epochs must be an int >= 0, got 1.5"):
+        t.fit(data(), epochs=1.5)
     with pytest.raises(ValueError, match="patience needs evaluations"):
         t.fit(data(), epochs=1, patience=2)
     with pytest.raises(ValueError, match="make no full batch of 8"):

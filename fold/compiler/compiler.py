@@ -42,7 +42,7 @@ from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
 from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import CompilerStats, StatsRecorder
-from fold.errors import InvalidConstant
+from fold.errors import InvalidConstant, check_int
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import DEFAULT_LIMITS, BatchBuilder, ExampleChunk, ExampleLimits, gc_paused, run_examples
@@ -83,8 +83,7 @@ class Compiler:
             raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
         if isinstance(save_limit, bool) or not isinstance(save_limit, (int, np.integer)) or save_limit < 0:
             raise ValueError(f"save_limit must be a number of bytes >= 0, got {save_limit!r}")
-        if isinstance(max_layouts, bool) or not isinstance(max_layouts, (int, np.integer)) or max_layouts < 1:
-            raise ValueError(f"max_layouts must be an int >= 1, got {max_layouts!r}")
+        check_int("max_layouts", max_layouts, 1)
         self.chunk_sizes = tuple(sorted({int(c) for c in sizes}))
         self.program = program
         self.backward = backward
@@ -184,10 +183,8 @@ class Compiler:
         """
         if not isinstance(fuse, bool):
             raise TypeError(f"fuse must be True or False, got {fuse!r}")
-        for name, value in (("max_example_nodes", max_example_nodes), ("max_recursion", max_recursion)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        limits = ExampleLimits(int(max_example_nodes), int(max_recursion))
+        limits = ExampleLimits(check_int("max_example_nodes", max_example_nodes, 1),
+                               check_int("max_recursion", max_recursion, 1))
         return cls(build_program(root_block, fuse=fuse, limits=limits), chunk_size, backward, save_limit,
                    max_layouts)
 
@@ -533,15 +530,12 @@ class Compiler:
           ``batch.example_indices`` gives each row's position in ``examples``.
 
         Raises:
-          ValueError: ``batch_size <= 0`` or ``num_workers < 0``.
+          ValueError: ``batch_size`` is not an int >= 1, or ``num_workers`` not an int >= 0.
           KeyError, TypeError, ValueError, OverflowError: a malformed example,
             as ``build_batch`` raises it, naming its index in ``examples``.
           RuntimeError: a worker process died.
         """
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        batch_size, num_workers = check_int("batch_size", batch_size, 1), check_int("num_workers", num_workers, 0)
         if devices is not None and num_workers:
             raise ValueError("batches(devices=...) builds in the calling process: pass num_workers=0 "
                              "(several processes each build their own share)")

@@ -171,6 +171,20 @@ def test_limits_must_be_positive_ints(option, value):
         fd.Compiler.create(fd.Scalar(), **{option: value})
 
 
+@pytest.mark.parametrize("option, value, minimum", [
+    ("batch_size", 3.5, 1), ("batch_size", "2", 1), ("batch_size", True, 1), ("batch_size", 0, 1),
+    ("num_workers", 1.5, 0), ("num_workers", -1, 0),
+])
+def test_batches_options_must_be_ints(option, value, minimum):
+    """A float batch size once failed in ``islice`` ("Stop argument for islice() must be None or an
+    integer") and a string in a comparison; ``True`` ran as a batch size of 1."""
+    compiler = fd.Compiler.create(fd.Scalar())
+    options = {"batch_size": 2, "num_workers": 0, option: value}
+    with pytest.raises(ValueError, match=f"^{option} must be an int >= {minimum}, got {value!r}$"):
+        next(compiler.batches([1.0, 2.0, 3.0], **options))
+    assert len(list(compiler.batches([1.0, 2.0, 3.0], np.int64(2)))) == 2  # NumPy ints are ints
+
+
 @pytest.mark.parametrize("container, hint", [({"a": 1.0, "b": 2.0}, "got a dict.*items"),
                                              ({1.0, 2.0}, "got a set.*order varies")])
 def test_a_dict_or_set_given_to_map_is_an_error_not_its_keys(container, hint):
