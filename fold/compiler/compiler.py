@@ -208,7 +208,12 @@ class Compiler:
 
         Returns:
           ``{layer name: that layer's parameter pytree}``.
+
+        Raises:
+          TypeError: ``key`` is not a PRNG key.
         """
+        if not _is_key(key):
+            raise TypeError(f"init needs a PRNG key such as jax.random.key(0), got {key!r}")
         params = {}
         for name, (layer, t) in sorted(self.program.layers.items()):
             params[name] = layer.init(jax.random.fold_in(key, zlib.crc32(name.encode())), t)
@@ -360,8 +365,7 @@ class Compiler:
         """The batch of ``examples`` in its own layout, before the save policy and the layout
         policy see it, and not counted in ``stats``: NumPy only (workers run this)."""
         if isinstance(examples, RecordedExamples):
-            if examples.owner != self._token:
-                raise ValueError("these examples were recorded by another compiler; record them with this one")
+            self._check_owner(examples)
             if not len(examples):
                 raise ValueError("build_batch needs at least one example")
             rec, roots = examples.merged()
@@ -372,6 +376,10 @@ class Compiler:
         if not examples:
             raise ValueError("build_batch needs at least one example")
         return self._build(examples)[0]
+
+    def _check_owner(self, recorded: RecordedExamples) -> None:
+        if recorded.owner != self._token:
+            raise ValueError("these examples were recorded by another compiler; record them with this one")
 
     def _build_sharded(self, examples: list | RecordedExamples | ExampleChunk, devices: Any, axis: str,
                        dataset_indices: Sequence[int] | None) -> ShardedBatch:
@@ -387,8 +395,7 @@ class Compiler:
                 self._raise_invalid_constant(listed, e, dataset_indices)
         if not len(recorded):
             raise ValueError("build_batch needs at least one example")
-        if recorded.owner != self._token:
-            raise ValueError("these examples were recorded by another compiler; record them with this one")
+        self._check_owner(recorded)
         local = sharding.local_devices(mesh, axis)
         if not local:
             raise ValueError(f"no device of the mesh belongs to process {jax.process_index()}")
@@ -414,7 +421,7 @@ class Compiler:
             self._stats.built(part)
         return batch
 
-    def record(self, examples: Iterable[Any], progress: bool = False) -> RecordedExamples:
+    def record(self, examples: Iterable[Any] | RecordedExamples, progress: bool = False) -> RecordedExamples:
         """Walks every example on the host once and keeps what it records as arrays.
 
         ``build_batch`` and ``batches`` take the result (or a slice or index
@@ -425,7 +432,8 @@ class Compiler:
         it does not see later changes to the examples, and host functions
         (``InputTransform``, ``OneOf`` keys) ran once per example, so do not
         record examples whose host functions draw random numbers.
-        ``progress=True`` shows a tqdm progress bar.
+        ``progress=True`` shows a tqdm progress bar. Examples this compiler
+        recorded already come back as they are.
 
         Args:
           examples: the examples, walked in order.
@@ -440,6 +448,7 @@ class Compiler:
           KeyError, TypeError, ValueError, OverflowError: the first malformed
             example, as ``build_batch`` raises it (its index and block path in
             the message).
+          ValueError: ``examples`` were recorded by another compiler.
 
         Example::
 
@@ -448,6 +457,9 @@ class Compiler:
                 for batch in compiler.batches(train, 64, shuffle=True):
                     ...
         """
+        if isinstance(examples, RecordedExamples):  # recorded already (a notebook cell run twice)
+            self._check_owner(examples)
+            return examples
         examples = list(examples)
         walked: Iterable[Any] = examples
         if progress:
@@ -635,8 +647,7 @@ class Compiler:
         if batch.owner != self._token:
             raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
                              "build it with this compiler's build_batch or batches")
-        if key is not None and not (isinstance(key, jax.Array) and (
-                jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.shape == (2,))):
+        if key is not None and not _is_key(key):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
         if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
             return self._apply_jit(params, batch, key)
@@ -785,3 +796,10 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
         return []
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return ["  " + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]) for r in rows]
+
+
+def _is_key(key: Any) -> bool:
+    """A typed PRNG key (``jax.random.key``) or a raw one (``jax.random.PRNGKey``: two uint32s)."""
+    if not isinstance(key, (jax.Array, np.ndarray)):
+        return False
+    return bool(jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or (key.shape == (2,) and key.dtype == np.uint32))

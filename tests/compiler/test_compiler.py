@@ -162,3 +162,24 @@ def test_summary_lists_layers_operations_metrics_and_types():
     assert "  drop   Dropout  takes TensorType((3,), 'float32')  no parameters" in text
     assert "metrics: m TensorType((3,), 'float32')" in text
     assert text.splitlines()[0] == "root Pipe: PyObjectType() -> VoidType()"
+
+
+@pytest.mark.parametrize("key", [0, None, "a", jnp.array([0, 1])])
+def test_init_needs_a_prng_key(key):
+    """``init(0)`` once failed inside JAX ("JAX encountered invalid PRNG key data: expected key_data
+    to have ndim, shape, and dtype attributes")."""
+    compiler = fd.Compiler.create(fd.Vector(2) >> fd.FC(3))
+    with pytest.raises(TypeError, match=r"^init needs a PRNG key such as jax.random.key\(0\), got "):
+        compiler.init(key)
+    # Typed and raw (legacy) keys give the same parameters.
+    new, legacy = compiler.init(jax.random.key(5)), compiler.init(jax.random.PRNGKey(5))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(legacy)))
+
+
+def test_recording_recorded_examples_gives_them_back():
+    """``record`` of a recording once walked its arrays as examples and failed deep in NumPy."""
+    a, b = fd.Compiler.create(fd.Vector(2)), fd.Compiler.create(fd.Vector(2))
+    recorded = a.record([[1.0, 2.0], [3.0, 4.0]])
+    assert a.record(recorded) is recorded
+    with pytest.raises(ValueError, match="recorded by another compiler"):
+        b.record(recorded)
