@@ -163,35 +163,35 @@ def _tree_rnn(hidden: int = 3) -> tuple[fd.Block, Callable]:
     return node() >> fd.Function(lambda h: jnp.sum(h, -1)), reference
 
 
-@pytest.mark.parametrize("backward", ["recompute", "save"])
-def test_second_order_derivatives_match_an_unbatched_evaluation(backward):
+def test_second_order_derivatives_match_an_unbatched_evaluation():
     """``apply`` is a ``custom_vjp`` whose backward pass is plain JAX, so forward over reverse
-    (``jvp`` of a ``grad``: Hessian-vector products, and ``jax.hessian``) differentiates it. Forward
-    mode on ``apply`` itself and reverse over reverse (the backward loop is a ``while_loop``) are
-    refused with JAX's errors, as docs/errors.md shows."""
+    (``jvp`` of a ``grad``: Hessian-vector products, and ``jax.hessian``) differentiates it, in
+    either backward mode. Forward mode on ``apply`` itself and reverse over reverse (the backward
+    loop is a ``while_loop``) are refused with JAX's errors, as docs/errors.md shows."""
     with enable_x64():
         block, reference = _tree_rnn()
         trees = [0.5, (0.1, -0.3), ((0.2, 0.4), -0.7), (((0.3, -0.1), 0.9), (0.2, -0.6))]
-        compiler = fd.Compiler.create(block, backward=backward)
-        params = compiler.init(jax.random.key(0))
-        batch = compiler.build_batch(trees)
-
-        def batched(p):
-            return jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))
-
-        def unbatched(p):
-            return sum(jnp.sin(jnp.sum(reference(p, t))) for t in trees)
-
         derivatives = {
-            "jvp of grad": lambda f: jax.jvp(jax.grad(f), (params,), (params,))[1],
-            "hessian": lambda f: jax.hessian(f)(params)["inner"],
+            "jvp of grad": lambda f, p: jax.jvp(jax.grad(f), (p,), (p,))[1],
+            "hessian": lambda f, p: jax.hessian(f)(p)["inner"],
         }
-        for name, derivative in derivatives.items():
-            got, want = derivative(batched), derivative(unbatched)
-            assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want), name
-            for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-                assert np.abs(np.asarray(w)).max() > 1e-3, name  # not a comparison of zeros
-                np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, err_msg=name)
+        params = fd.Compiler.create(block).init(jax.random.key(0))
+        want = {name: jax.jit(lambda p, d=d: d(lambda q: sum(jnp.sin(jnp.sum(reference(q, t))) for t in trees), p))(
+            params) for name, d in derivatives.items()}
+        for backward in ("recompute", "save"):
+            compiler = fd.Compiler.create(block, backward=backward)
+            batch = compiler.build_batch(trees)
+
+            def batched(p):
+                return jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))
+
+            for name, derivative in derivatives.items():
+                got = jax.jit(lambda p, d=derivative: d(batched, p))(params)
+                where = f"{name}, backward={backward}"
+                assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want[name]), where
+                for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want[name])):
+                    assert np.abs(np.asarray(w)).max() > 1e-3, where  # not a comparison of zeros
+                    np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, err_msg=where)
         with pytest.raises(ValueError, match="Reverse-mode differentiation does not work for lax.while_loop"):
             jax.grad(lambda q: jnp.sum(jax.grad(batched)(q)["inner"]["w"] ** 2))(params)
 
