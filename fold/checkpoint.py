@@ -31,6 +31,9 @@ import numpy as np
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
 _KEY_PREFIX = "__prng_key__:"  # typed PRNG keys are stored as their raw key data
+# JAX's own dtypes (bfloat16, the float8 types), which the .npy format stores as nameless bytes
+# ("|V2"), are stored as unsigned ints of their width under "__dtype__:NAME:" and the key.
+_DTYPE_PREFIX = "__dtype__:"
 
 
 def _entries(tree: Any) -> list[tuple[str, Any]]:
@@ -54,7 +57,10 @@ def save_checkpoint(path: str | os.PathLike, tree: Any) -> None:
         value = np.asarray(leaf)
         if value.dtype == object:
             raise TypeError(f"cannot save {key} of type {type(leaf).__name__}: leaves must be arrays or numbers")
-        arrays[key] = value
+        if value.dtype.kind == "V":
+            arrays[f"{_DTYPE_PREFIX}{value.dtype.name}:{key}"] = value.view(f"u{value.dtype.itemsize}")
+        else:
+            arrays[key] = value
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
@@ -83,7 +89,7 @@ def load_checkpoint(path: str | os.PathLike, like: Any) -> Any:
       ValueError: an entry's shape or dtype differs from ``like``'s.
     """
     with np.load(path, allow_pickle=False) as stored:
-        files = {k.removeprefix(_KEY_PREFIX): (k.startswith(_KEY_PREFIX), stored[k]) for k in stored.files}
+        files = dict(_stored_entry(k, stored[k]) for k in stored.files)
     entries = _entries(like)
     missing = [k for k, _ in entries if k not in files]
     extra = sorted(set(files) - {k for k, _ in entries})
@@ -102,3 +108,13 @@ def load_checkpoint(path: str | os.PathLike, like: Any) -> Any:
                              f"{want.shape} and {want.dtype}")
         leaves.append(jax.numpy.asarray(value) if isinstance(template, jax.Array) else value)
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
+
+
+def _stored_entry(name: str, value: np.ndarray) -> tuple[str, tuple[bool, np.ndarray]]:
+    """A file entry as ``(key, (is a PRNG key, value))``, the value in its saved dtype."""
+    if name.startswith(_KEY_PREFIX):
+        return name.removeprefix(_KEY_PREFIX), (True, value)
+    if name.startswith(_DTYPE_PREFIX):
+        dtype, _, key = name.removeprefix(_DTYPE_PREFIX).partition(":")
+        return key, (False, value.view(np.dtype(dtype)))
+    return name, (False, value)
