@@ -100,7 +100,7 @@ def load_checkpoint(path: str | os.PathLike, like: Any) -> Any:
     for key, template in entries:
         is_key, value = files[key]
         if is_key:
-            leaves.append(jax.random.wrap_key_data(value))
+            leaves.append(jax.random.wrap_key_data(jax.numpy.asarray(value)))
             continue
         want = np.asarray(template)
         if value.shape != want.shape or value.dtype != want.dtype:
