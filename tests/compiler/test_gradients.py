@@ -145,6 +145,9 @@ def test_integer_values_computed_inside_the_loop():
     np.testing.assert_allclose(np.asarray(grads["embedding"]["table"]), summed, rtol=1e-5)
 
 
+TREES = [0.5, (0.1, -0.3), ((0.2, 0.4), -0.7), (((0.3, -0.1), 0.9), (0.2, -0.6))]
+
+
 def _tree_rnn(hidden: int = 3) -> tuple[fd.Block, Callable]:
     """A recursive tree model (its loop runs in ``apply``'s ``while_loop``) and an unbatched JAX
     evaluation of one tree, differentiable to any order."""
@@ -170,7 +173,7 @@ def test_second_order_derivatives_match_an_unbatched_evaluation():
     loop is a ``while_loop``) are refused with JAX's errors, as docs/errors.md shows."""
     with enable_x64():
         block, reference = _tree_rnn()
-        trees = [0.5, (0.1, -0.3), ((0.2, 0.4), -0.7), (((0.3, -0.1), 0.9), (0.2, -0.6))]
+        trees = TREES
         derivatives = {
             "jvp of grad": lambda f, p: jax.jvp(jax.grad(f), (p,), (p,))[1],
             "hessian": lambda f, p: jax.hessian(f)(p)["inner"],
@@ -201,7 +204,7 @@ def test_vmap_over_parameter_sets_equals_each_set_alone():
     its outputs and gradients equal each set's own, and the unbatched evaluation's."""
     with enable_x64():
         block, reference = _tree_rnn()
-        trees = [0.5, (0.1, -0.3), ((0.2, 0.4), -0.7), (((0.3, -0.1), 0.9), (0.2, -0.6))]
+        trees = TREES
         compiler = fd.Compiler.create(block)
         sets = [compiler.init(jax.random.key(k)) for k in range(3)]
         stacked = jax.tree_util.tree_map(lambda *p: jnp.stack(p), *sets)
