@@ -30,7 +30,7 @@ import optax
 
 import fold as fd
 from examples import common
-from examples.common import add_training_flags, print_table, write_report
+from examples.common import COUNT, add_training_flags, print_table, write_report
 
 TOLERANCE = 0.04
 
@@ -81,11 +81,11 @@ def build_model(hidden: int, score_scale: float = 10.0) -> fd.Composition:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--t0", type=int, nargs="+", default=[50],
+    p.add_argument("--t0", type=COUNT, nargs="+", default=[50],
                    help="minimum sequence lengths to train, one model each")
-    p.add_argument("--train-size", type=int, default=20_000, help="training sequences")
-    p.add_argument("--test-size", type=int, default=1_000, help="test sequences")
-    p.add_argument("--hidden", type=int, default=100, help="hidden units of the feed-forward layers")
+    p.add_argument("--train-size", type=COUNT, default=20_000, help="training sequences")
+    p.add_argument("--test-size", type=COUNT, default=1_000, help="test sequences")
+    p.add_argument("--hidden", type=COUNT, default=100, help="hidden units of the feed-forward layers")
     p.add_argument("--score-scale", type=float, default=10.0,
                    help="s in the score s * tanh(w . h + b); 1 is Raffel & Ellis's tanh score")
     add_training_flags(p, "attention", epochs=4, batch_size=64, learning_rate=3e-3,

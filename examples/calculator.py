@@ -22,7 +22,7 @@ import optax
 
 import fold as fd
 from examples import common
-from examples.common import add_training_flags, print_table, write_report
+from examples.common import COUNT, add_training_flags, print_table, write_report
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 LIMIT = 100
@@ -90,10 +90,10 @@ def build_model(hidden: int) -> fd.Block:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train-size", type=int, default=20_000, help="training expressions")
-    p.add_argument("--test-size", type=int, default=3_000, help="test expressions")
-    p.add_argument("--max-depth", type=int, default=6, help="deepest expression tree")
-    p.add_argument("--hidden", type=int, default=64, help="state size of the expression encoder")
+    p.add_argument("--train-size", type=COUNT, default=20_000, help="training expressions")
+    p.add_argument("--test-size", type=COUNT, default=3_000, help="test expressions")
+    p.add_argument("--max-depth", type=COUNT, default=6, help="deepest expression tree")
+    p.add_argument("--hidden", type=COUNT, default=64, help="state size of the expression encoder")
     add_training_flags(p, "calculator", epochs=20, batch_size=64, learning_rate=2e-3)
     args = p.parse_args(argv)
     if args.quick:

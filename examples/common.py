@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import platform
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,18 +19,43 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 CHECKPOINTS = pathlib.Path(__file__).resolve().parent / "checkpoints"
 
 
+def number(kind: type, low: float, high: float = math.inf, *, low_open: bool = False,
+           high_open: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type``: a ``kind`` (``int`` or ``float``) from ``low`` to ``high``, each end
+    included unless ``*_open``, so that a flag out of range is a usage message, not a traceback
+    from deep in the run.
+
+    >>> number(int, 1)("3"), number(float, 0, 1, high_open=True)("0.25")
+    (3, 0.25)
+    """
+    ends = ("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high_open else "]")
+    name = f"{kind.__name__} in {ends}" if high < math.inf else f"{kind.__name__} {'>' if low_open else '>='} {low:g}"
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < low or (low_open and value == low) or value > high or (high_open and value == high):
+            raise argparse.ArgumentTypeError(f"must be {name}, got {text}")
+        return value
+
+    parse.__name__ = name  # argparse names it in "invalid ... value" for text that is no number
+    return parse
+
+
+COUNT, RATE, FRACTION = number(int, 1), number(float, 0, low_open=True), number(float, 0, 1, high_open=True)
+
+
 def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, batch_size: int,
                        learning_rate: float, learning_rate_help: str | None = None) -> None:
     """The flags every example shares: schedule, seed, --quick, --json, --quiet, workers, checkpoints."""
-    p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
-    p.add_argument("--batch-size", type=int, default=batch_size, help="examples per batch")
-    p.add_argument("--learning-rate", type=float, default=learning_rate,
+    p.add_argument("--epochs", type=COUNT, default=epochs, help="passes over the training set")
+    p.add_argument("--batch-size", type=COUNT, default=batch_size, help="examples per batch")
+    p.add_argument("--learning-rate", type=RATE, default=learning_rate,
                    help=learning_rate_help or "step size of the optimizer (Adam)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the parameters, shuffling and dropout")
+    p.add_argument("--seed", type=number(int, 0), default=0, help="seed of the parameters, shuffling and dropout")
     p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
     p.add_argument("--json", default=None, help=f"report path (default examples/results/{name}[_quick].json)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=number(int, 0), default=1,
                    help="processes building batches ahead of the device (0: build in this process)")
     p.add_argument("--checkpoint-dir", default=None,
                    help=f"the last state and the best parameters go to DIR/{name}[_quick] "

@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="trees per batch")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the parameters")
     args = parser.parse_args()
+    if args.steps < 1 or args.batch_size < 1 or args.seed < 0:
+        parser.error(f"need --steps and --batch-size >= 1 and --seed >= 0, got {args.steps}, {args.batch_size}, "
+                     f"{args.seed}")
 
     rng = random.Random(args.seed)
     trees = [random_tree(rng, rng.randint(1, 12)) for _ in range(2000)]

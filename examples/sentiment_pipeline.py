@@ -23,7 +23,7 @@ import optax
 
 import fold as fd
 from examples import common, sst
-from examples.common import add_training_flags, print_table, write_report
+from examples.common import COUNT, add_training_flags, print_table, write_report
 
 CLASSES = 5
 
@@ -76,8 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="folder with train.txt, dev.txt, test.txt (default: the sample with --quick, else the "
                         "treebank downloaded once into $FOLD_DATA/sst or the cache folder)")
     p.add_argument("--cell", choices=["rnn", "gru"], default="gru", help="recurrent cell")
-    p.add_argument("--embed-size", type=int, default=64, help="word embedding size")
-    p.add_argument("--state-size", type=int, default=64, help="recurrent state size")
+    p.add_argument("--embed-size", type=COUNT, default=64, help="word embedding size")
+    p.add_argument("--state-size", type=COUNT, default=64, help="recurrent state size")
     add_training_flags(p, "sentiment_pipeline", epochs=6, batch_size=64, learning_rate=2e-3)
     args = p.parse_args(argv)
     if args.quick:

@@ -36,7 +36,7 @@ import optax
 
 import fold as fd
 from examples import common, sst
-from examples.common import add_training_flags, print_table, write_report
+from examples.common import COUNT, FRACTION, RATE, add_training_flags, number, print_table, write_report
 
 CLASSES = 5
 NEUTRAL = 2
@@ -224,14 +224,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="folder with train.txt, dev.txt, test.txt (default: the sample with --quick, else the "
                         "treebank downloaded once into $FOLD_DATA/sst or the cache folder)")
     p.add_argument("--glove", default=None, help="GloVe-format text file for the initial embeddings")
-    p.add_argument("--embed-size", type=int, default=100, help="word embedding size")
-    p.add_argument("--state-size", type=int, default=150, help="Tree-LSTM state size")
-    p.add_argument("--recurrent-dropout", type=float, default=0.0,
+    p.add_argument("--embed-size", type=COUNT, default=100, help="word embedding size")
+    p.add_argument("--state-size", type=COUNT, default=150, help="Tree-LSTM state size")
+    p.add_argument("--recurrent-dropout", type=FRACTION, default=0.0,
                    help="dropout rate on the cell's candidate update (Semeniuta et al. 2016)")
-    p.add_argument("--embed-dropout", type=float, default=0.0, help="dropout rate on the word vectors")
-    p.add_argument("--output-dropout", type=float, default=0.0,
+    p.add_argument("--embed-dropout", type=FRACTION, default=0.0, help="dropout rate on the word vectors")
+    p.add_argument("--output-dropout", type=FRACTION, default=0.0,
                    help="dropout rate on each node's state where its logits read it (its parent reads it whole)")
-    p.add_argument("--word-dropout", type=float, default=0.0,
+    p.add_argument("--word-dropout", type=FRACTION, default=0.0,
                    help="replace each training word by a learned unknown-word vector with this probability; "
                         "words not seen in training get that vector (default 0: they embed to zeros)")
     p.add_argument("--binary", action="store_true",
@@ -241,12 +241,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the Fold paper's variant: --state-size 300 --recurrent-dropout 0.25 --embed-dropout 0.25")
     p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
                    help="Adam, or Adagrad as Tai et al. (2015): --optimizer adagrad --learning-rate 0.05 --l2 1e-4")
-    p.add_argument("--l2", type=float, default=0.0, help="L2 weight decay on every weight but the embeddings")
-    p.add_argument("--embed-learning-rate", type=float, default=None,
+    p.add_argument("--l2", type=number(float, 0), default=0.0,
+                   help="L2 weight decay on every weight but the embeddings")
+    p.add_argument("--embed-learning-rate", type=RATE, default=None,
                    help="step size for the word embeddings (default: --learning-rate)")
-    p.add_argument("--patience", type=int, default=None,
+    p.add_argument("--patience", type=COUNT, default=None,
                    help="stop after this many epochs without a better dev root accuracy (default: never)")
-    p.add_argument("--lr-decay", type=float, default=1.0,
+    p.add_argument("--lr-decay", type=RATE, default=1.0,
                    help="multiply the learning rates by this after every epoch (1: constant)")
     p.add_argument("--no-test", action="store_true",
                    help="evaluate on dev only, as a search should (the test set once, at the end)")

@@ -32,7 +32,7 @@ import optax
 
 import fold as fd
 from examples import common
-from examples.common import add_training_flags, print_table, write_report
+from examples.common import COUNT, add_training_flags, print_table, write_report
 
 ATOM_TYPES = ("C", "N", "O", "S")
 TYPE_FREQUENCIES = (0.55, 0.2, 0.15, 0.1)
@@ -167,12 +167,12 @@ def r_squared(prediction: np.ndarray, target: np.ndarray) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train-size", type=int, default=4_000, help="training molecules")
-    p.add_argument("--test-size", type=int, default=1_000, help="test molecules")
+    p.add_argument("--train-size", type=COUNT, default=4_000, help="training molecules")
+    p.add_argument("--test-size", type=COUNT, default=1_000, help="test molecules")
     p.add_argument("--min-atoms", type=int, default=4, help="fewest atoms of a molecule")
     p.add_argument("--max-atoms", type=int, default=10, help="most atoms of a molecule")
-    p.add_argument("--hidden", type=int, default=32, help="weave module width")
-    p.add_argument("--modules", type=int, default=2, help="stacked weave modules")
+    p.add_argument("--hidden", type=COUNT, default=32, help="weave module width")
+    p.add_argument("--modules", type=COUNT, default=2, help="stacked weave modules")
     add_training_flags(p, "weave", epochs=15, batch_size=32, learning_rate=3e-3,
                        learning_rate_help="initial Adam rate, cosine-decayed to 0")
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Every example's --help explains every flag and shows the defaults."""
+"""Every example's --help explains every flag and shows the defaults; a bad flag is a usage error."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ import pytest
 EXAMPLES = ["attention", "calculator", "quickstart", "sentiment_pipeline", "tree_lstm_sst", "weave"]
 
 
+def _parse(name: str, argv: list[str], monkeypatch) -> None:
+    module = importlib.import_module(f"examples.{name}")
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    module.parse_args(argv) if hasattr(module, "parse_args") else module.main()
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_flag_has_a_help_line_and_its_default(name, capsys, monkeypatch):
-    module = importlib.import_module(f"examples.{name}")
-    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
     with pytest.raises(SystemExit) as exit_:
-        module.parse_args(["--help"]) if hasattr(module, "parse_args") else module.main()
+        _parse(name, ["--help"], monkeypatch)
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     options = text.split("options:", 1)[1]
@@ -30,3 +34,32 @@ def test_every_flag_has_a_help_line_and_its_default(name, capsys, monkeypatch):
         takes_value = re.search(r"--[\w-]+ [A-Z_]", flag) is not None
         if takes_value:
             assert "(default:" in described, f"{name}: {flag.strip()} does not show its default"
+
+
+BAD_FLAGS = [
+    (["--batch-size", "0"], "--batch-size: must be int >= 1, got 0"),
+    (["--epochs", "-2"], "--epochs: must be int >= 1, got -2"),
+    (["--epochs", "2.5"], "--epochs: invalid int >= 1 value: '2.5'"),
+    (["--workers", "-1"], "--workers: must be int >= 0, got -1"),
+    (["--learning-rate", "0"], "--learning-rate: must be float > 0, got 0"),
+    (["--seed", "-1"], "--seed: must be int >= 0, got -1"),
+]
+EXAMPLE_FLAGS = [
+    ("attention", ["--t0", "10", "0"], "--t0: must be int >= 1, got 0"),
+    ("calculator", ["--max-depth", "0"], "--max-depth: must be int >= 1, got 0"),
+    ("sentiment_pipeline", ["--state-size", "-4"], "--state-size: must be int >= 1, got -4"),
+    ("tree_lstm_sst", ["--recurrent-dropout", "1"], "--recurrent-dropout: must be float in [0, 1), got 1"),
+    ("tree_lstm_sst", ["--l2", "-0.1"], "--l2: must be float >= 0, got -0.1"),
+    ("tree_lstm_sst", ["--lr-decay", "0"], "--lr-decay: must be float > 0, got 0"),
+    ("weave", ["--min-atoms", "5", "--max-atoms", "4"], "need 2 <= --min-atoms <= --max-atoms, got 5 and 4"),
+    ("quickstart", ["--batch-size", "0"], "need --steps and --batch-size >= 1 and --seed >= 0, got 300, 0, 0"),
+]
+
+
+@pytest.mark.parametrize("name, argv, message",
+                         [(n, a, m) for n in EXAMPLES if n != "quickstart" for a, m in BAD_FLAGS] + EXAMPLE_FLAGS)
+def test_a_flag_out_of_range_is_a_usage_error_naming_it(name, argv, message, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_:
+        _parse(name, argv, monkeypatch)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
