@@ -1,12 +1,17 @@
 """Differential fuzzing: random models against their independent per-example references.
 
 Each case draws a random well-typed model over every kind of block (``random_model(...,
-rich=True)``: pooling, folds, RNN cells, reductions, recursion over trees, ``OneOf``, zips,
-broadcasts, n-grams, slices, ``Optional``, host transforms, ...), six examples for it, a chunk
-size ``C`` (or candidates), a backward mode, recorded or walked examples and a batch size, builds
-the examples' batches with ``compiler.batches`` and compares every batch's outputs and gradients
-with the reference, which evaluates one example at a time in plain ``jax.numpy`` and shares
-nothing with the scheduler or the executor. An exception is a failure too.
+rich=True, users=True)``: pooling, folds, RNN cells, reductions, recursion over trees, ``OneOf``,
+zips, broadcasts, n-grams, slices, ``Optional``, host transforms, ``Composition``, ``Metric``,
+constants, a custom layer, ...), six examples for it, a chunk size ``C`` (or candidates), a
+backward mode, recorded or walked examples and a batch size, builds the examples' batches with
+``compiler.batches`` and compares every batch's outputs, metric values and gradients with the
+reference, which evaluates one example at a time in plain ``jax.numpy`` and shares nothing with
+the scheduler or the executor. An exception is a failure too. A results file records each part's
+grammar (``"users": false``: the ``rich`` grammar, without ``Composition``, ``Metric``, constants
+and custom layers; parts from before grammars were recorded are ``rich``) and its failed cases
+theirs: ``--resume`` keeps the last part's unless ``--grammar`` says otherwise, and a failed case
+runs again with its own, so that a seed always draws the model it drew.
 
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
 saved every ``SAVE_EVERY`` cases and on Ctrl-C or SIGTERM, every mismatch with the seed that reproduces it:
@@ -40,9 +45,11 @@ from tqdm.auto import tqdm
 
 import fold as fd
 from benchmarks.common import RESULTS, machine
-from benchmarks.random_models import random_model
+from benchmarks.random_models import RandomModel, random_model
 
 MODES = ("save", "auto", "recompute")
+# The grammars of ``random_model`` a run may draw from: ``GRAMMARS[users]``.
+GRAMMARS = ("rich", "users")
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
 # Cases between saves of the results file during a run.
 SAVE_EVERY = 20
@@ -67,12 +74,13 @@ class Case(NamedTuple):
     recorded: bool
     batch_size: int
     wide: bool
+    users: bool = False  # the grammar's users' productions (``random_model``)
 
     @classmethod
-    def draw(cls, seed: int) -> Case:
+    def draw(cls, seed: int, users: bool = False) -> Case:
         rng = np.random.default_rng([seed, 1])
         return cls(seed, CHUNKS[int(rng.integers(len(CHUNKS)))], MODES[int(rng.integers(len(MODES)))],
-                   bool(rng.random() < 0.5), int(rng.integers(1, 7)), bool(rng.random() < 0.15))
+                   bool(rng.random() < 0.5), int(rng.integers(1, 7)), bool(rng.random() < 0.15), users)
 
 
 def random_params(compiler: fd.Compiler, seed: int) -> dict:
@@ -100,30 +108,47 @@ def assert_close(actual: Any, expected: Any, rtol: float, atol: float, where: st
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol * scale, err_msg=where)
 
 
-def comparer(compiler: fd.Compiler, reference: Any, seed: int = 0) -> Callable[..., None]:
-    """``compare(params, batch, examples, where)`` asserts that ``batch``'s outputs and the
-    gradients of a loss on them equal ``reference``'s, evaluated on ``examples`` (the batch's
-    examples, in order) one at a time. The batched step is jitted once per compiler, so batches
-    that share a layout share its compilation, as in training."""
-    weights = jnp.asarray(np.random.default_rng(seed).normal(size=compiler.program.output_type.shape), jnp.float32)
+def comparer(compiler: fd.Compiler, model: RandomModel, seed: int = 0) -> Callable[..., None]:
+    """``compare(params, batch, examples, where)`` asserts that ``batch``'s outputs and metric
+    values, and the gradients of a loss on both, equal ``model``'s reference, evaluated on
+    ``examples`` (the batch's examples, in order) one at a time. The batched step is jitted once
+    per compiler, so batches that share a layout share its compilation, as in training.
 
-    def loss(out: jax.Array) -> jax.Array:
-        return jnp.sum(jnp.sin(out * weights))
+    The loss sums over the metrics' values, so it does not depend on their order; the values are
+    compared per example, each example's sorted (fold orders them by the walk, the reference by
+    its own recursion)."""
+    rng = np.random.default_rng(seed)
+    weights = jnp.asarray(rng.normal(size=compiler.program.output_type.shape), jnp.float32)
+    metric_weights = {name: jnp.asarray(rng.normal(size=width), jnp.float32) for name, width in model.metrics.items()}
+
+    def loss(out: jax.Array, metrics: dict) -> jax.Array:
+        return jnp.sum(jnp.sin(out * weights)) + sum(jnp.sum(jnp.sin(v * metric_weights[name]))
+                                                     for name, v in metrics.items())
 
     def batched(p: dict, b: fd.Batch) -> tuple:
-        out = compiler.apply(p, b).outputs
-        return loss(out), out
+        result = compiler.apply(p, b)
+        padded = {name: result.metrics[name].padded for name in model.metrics}  # padded entries are zeros
+        examples = {name: result.metrics[name].example for name in model.metrics}
+        return loss(result.outputs, padded), (result.outputs, padded, examples)
 
     def unbatched(p: dict, examples: list) -> tuple:
-        out = [reference(p, e) for e in examples]
-        return sum(loss(o) for o in out), jnp.stack(out)
+        out, tapes = zip(*(model.reference_and_metrics(p, e) for e in examples)) if examples else ((), ())
+        values = {name: [jnp.stack(tape[name]) if tape[name] else jnp.zeros((0, width)) for tape in tapes]
+                  for name, width in model.metrics.items()}
+        return sum(loss(o, {n: v[i] for n, v in values.items()}) for i, o in enumerate(out)), (jnp.stack(out), values)
 
     step = jax.jit(jax.grad(batched, has_aux=True))
 
     def compare(params: dict, batch: fd.Batch, examples: list, where: str) -> None:
-        grads, out = step(params, batch)
-        expected_grads, expected = jax.grad(unbatched, has_aux=True)(params, examples)
+        grads, (out, padded, owners) = step(params, batch)
+        expected_grads, (expected, values) = jax.grad(unbatched, has_aux=True)(params, examples)
         assert_close(out, expected, RTOL, ATOL, where)
+        for name, per_example in values.items():
+            owner = np.asarray(owners[name])
+            for i, want in enumerate(per_example):
+                got = np.asarray(padded[name])[owner == i]
+                assert_close(_sorted_rows(got), _sorted_rows(np.asarray(want)), RTOL, ATOL,
+                             f"{where}: metric {name!r} of example {i}")
         assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected_grads), where
         for (path, g), ref in zip(jax.tree_util.tree_leaves_with_path(grads),
                                   jax.tree_util.tree_leaves(expected_grads)):
@@ -132,17 +157,22 @@ def comparer(compiler: fd.Compiler, reference: Any, seed: int = 0) -> Callable[.
     return compare
 
 
+def _sorted_rows(rows: np.ndarray) -> np.ndarray:
+    """``rows`` ([n, width]) sorted by their first column, then their second, ..."""
+    return rows[np.lexsort(rows.T[::-1])] if rows.size else rows.reshape(0, *rows.shape[1:])
+
+
 def run_case(case: Case) -> tuple[str, int]:
     """Runs ``case``; returns the model's description and how many examples were compared with the
     reference. Raises on any mismatch or error."""
-    model = random_model(case.seed, n=6, rich=True, wide=case.wide)
+    model = random_model(case.seed, n=6, rich=True, wide=case.wide, users=case.users)
     where = f"{model.text} ({case})"
     compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
     params = random_params(compiler, case.seed)
     order = np.random.default_rng([case.seed, 2]).permutation(len(model.examples))
     examples = [model.examples[i] for i in order]
     source = compiler.record(examples) if case.recorded else examples
-    compare = comparer(compiler, model.reference, case.seed)
+    compare = comparer(compiler, model, case.seed)
     compared = 0
     for k, batch in enumerate(compiler.batches(source, case.batch_size)):
         part = [examples[i] for i in batch.example_indices]
@@ -154,11 +184,12 @@ def run_case(case: Case) -> tuple[str, int]:
 _cases_in_process = itertools.count(1)
 
 
-def outcome(seed: int) -> tuple[Case, str, dict | None, float]:
-    """The case of ``seed``, run: its model's description and None, or its failure (a mismatch
-    or any error is a finding), and the seconds it took. Clears JAX's caches every
-    ``CLEAR_EVERY`` cases of this process, so that a long run's memory stays flat."""
-    case, start = Case.draw(seed), time.perf_counter()
+def outcome(drawn: tuple[int, bool]) -> tuple[Case, str, dict | None, float]:
+    """The case of ``drawn`` (a seed, and whether the grammar has the users' productions), run:
+    its model's description and None, or its failure (a mismatch or any error is a finding), and
+    the seconds it took. Clears JAX's caches every ``CLEAR_EVERY`` cases of this process, so that
+    a long run's memory stays flat."""
+    case, start = Case.draw(*drawn), time.perf_counter()
     try:
         text, failure = run_case(case)[0], None
     except Exception as e:
@@ -204,9 +235,11 @@ def _load(path: pathlib.Path) -> dict:
                 "case_seconds": float(result.get("case_seconds", result["seconds"])),
                 "block_counts": dict(result["block_counts"]), "mode_counts": dict(result["mode_counts"]),
                 "failed_cases": list(result["failed_cases"]), "fixed_cases": list(result.get("fixed_cases", [])),
-                # Files from before parts were recorded: one part of unrecorded code.
-                "parts": list(result.get("parts", [{"first_seed": int(result["first_seed"]),
-                                                    "cases": int(result["cases_run"]), "code": None}]))}
+                # Files from before parts were recorded: one part of unrecorded code; parts from
+                # before the users' productions: the grammar without them.
+                "parts": [{**part, "users": bool(part.get("users", False))}
+                          for part in result.get("parts", [{"first_seed": int(result["first_seed"]),
+                                                            "cases": int(result["cases_run"]), "code": None}])]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--resume: cannot continue from {path}: {type(e).__name__}: {e}") from None
 
@@ -222,9 +255,12 @@ def main() -> None:
     p.add_argument("--resume", action="store_true",
                    help="run the results file's failed cases again, then continue its run from its next seed, "
                         "adding to its counts")
+    p.add_argument("--grammar", choices=GRAMMARS, default=None,
+                   help="'users' adds Composition, Metric, FromTensor and a custom layer to 'rich' (default: the "
+                        "resumed file's last part's, else 'users')")
     args = p.parse_args()
     if args.case is not None:
-        case = Case.draw(args.case)
+        case = Case.draw(args.case, args.grammar != "rich")
         print(case)
         text, compared = run_case(case)
         print(f"{text}\nok: {compared} examples match the reference")
@@ -237,6 +273,7 @@ def main() -> None:
     state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
                                              "case_seconds": 0.0, "block_counts": {}, "mode_counts": {},
                                              "failed_cases": [], "fixed_cases": [], "parts": []}
+    users = args.grammar != "rich" if args.grammar or not state["parts"] else state["parts"][-1]["users"]
     first, earlier = state["first_seed"], state["cases_run"]
     if earlier >= args.cases:
         raise SystemExit(f"{path} already holds {earlier} cases (seeds {first}-{first + earlier - 1}); "
@@ -260,9 +297,9 @@ def main() -> None:
             "seconds_per_case": round(case_seconds / max(done, 1), 2),
             "block_counts": dict(sorted(blocks.items())), "mode_counts": dict(sorted(modes.items())),
             "failed_cases": failures, "fixed_cases": fixed,
-            # parts: the run's parts, each with the code it tested (source_version).
+            # parts: the run's parts, each with the code it tested (source_version) and its grammar.
             "parts": state["parts"] + [{"first_seed": part["first_seed"], "cases": done - earlier,
-                                        "code": part["code"]}], "machine": machine(),
+                                        "code": part["code"], "users": users}], "machine": machine(),
         }
         path.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -279,14 +316,15 @@ def main() -> None:
         # The cases that failed are run again first: one that passes with the current code moves to
         # the fixed cases, with the error it had; one that still fails keeps its place.
         recorded, failures[:] = list(failures), []
-        for old, (case, _, failure, _) in zip(recorded, pool.imap(outcome, [f["case"]["seed"] for f in recorded])):
+        again = pool.imap(outcome, [(f["case"]["seed"], bool(f["case"].get("users", False))) for f in recorded])
+        for old, (case, _, failure, _) in zip(recorded, again):
             if failure is None:
                 fixed.append(old)
                 progress.write(f"case {case.seed}: passes now (moved to fixed_cases)")
             else:
                 failures.append(failure)
         # Pool.imap hands results back in seed order, so the cases done are always a prefix.
-        for case, text, failure, took in pool.imap(outcome, seeds):
+        for case, text, failure, took in pool.imap(outcome, [(seed, users) for seed in seeds]):
             if failure is None:
                 blocks.update(_blocks(text))
             else:

@@ -7,12 +7,16 @@
 example)`` that evaluates one example at a time in plain ``jax.numpy``: it shares nothing with
 fold's scheduler and executor (the recurrent cells' own ``apply`` runs on one row), so any
 difference in outputs or gradients is a batching bug. ``wide`` models have 128-wide states, so
-``backward="auto"`` saves their loop operations' matmuls as ``"save"`` does.
+``backward="auto"`` saves their loop operations' matmuls as ``"save"`` does. ``users`` models add
+the blocks users wire models with: ``Composition`` (a value read twice, a constant from
+``FromTensor``), ``Metric`` (their references record the metrics' values too) and a layer
+written as users write their own (``Gate``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
@@ -37,18 +41,37 @@ class RandomModel(NamedTuple):
     reference: Callable[[dict, Any], jax.Array]
     examples: list
     text: str
+    #: The model's metrics, by name: the width of their values.
+    metrics: Mapping[str, int] = MappingProxyType({})
+    #: ``evaluate(params, example) -> (output, {metric name: [values]})``; None: no metrics.
+    evaluate: Callable[[dict, Any], tuple[jax.Array, dict[str, list]]] | None = None
+
+    def reference_and_metrics(self, params: dict, example: Any) -> tuple[jax.Array, dict[str, list]]:
+        """The reference's output on one example and its metrics' values (in no particular order)."""
+        return (self.reference(params, example), {}) if self.evaluate is None else self.evaluate(params, example)
 
 
-def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False, rich: bool = False) -> RandomModel:
+def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False, rich: bool = False,
+                 users: bool = False) -> RandomModel:
     """A random model of at most ``depth`` nested productions and ``n`` examples for it.
 
     ``rich`` adds the productions over the rest of the blocks (``Zip``, ``ZipWith``,
     ``Broadcast``, ``NGrams``, ``Nth``, ``Slice``, ``Length``, ``Optional``, ``AllOf``,
-    ``InputTransform``, ``Dropout``, ``Identity``, ``Min``), which the fuzzer uses; without it a
-    seed draws the model it always drew (the benchmarks' seeds keep their models)."""
-    grammar = _Grammar(np.random.default_rng(seed), wide, rich)
+    ``InputTransform``, ``Dropout``, ``Identity``, ``Min``), which the fuzzer uses; ``users`` adds
+    ``Composition``, ``FromTensor``, ``Metric`` and a custom layer. Without them a seed draws the
+    model it always drew (the benchmarks' seeds keep their models, a results file's seeds theirs)."""
+    grammar = _Grammar(np.random.default_rng(seed), wide, rich, users)
     spec = grammar.expr(depth)
-    return RandomModel(spec.block, spec.reference, [spec.sample() for _ in range(n)], spec.text)
+
+    def evaluate(params: dict, example: Any) -> tuple[jax.Array, dict[str, list]]:
+        grammar.tape = {name: [] for name in grammar.metrics}
+        try:
+            return spec.reference(params, example), grammar.tape
+        finally:
+            grammar.tape = None
+
+    return RandomModel(spec.block, spec.reference, [spec.sample() for _ in range(n)], spec.text,
+                       dict(grammar.metrics), evaluate)
 
 
 def fc_reference(layer: fd.FC, x: jax.Array, p: dict) -> jax.Array:
@@ -65,12 +88,41 @@ def halve(layer: fd.FC, ys: list, p: dict) -> jax.Array:
     return fc_reference(layer, jnp.concatenate([halve(layer, ys[:h], p), halve(layer, ys[h:], p)]), p)
 
 
+class Gate(fd.Layer):
+    """A layer written the way users write their own: two inputs, nested parameters, a gate
+    between two projections, ``g * tanh(a·Wa) + (1 - g) * b·Wb`` with ``g = sigmoid([a, b]·Wg + c)``."""
+
+    def __init__(self, units: int):
+        super().__init__()
+        self.units = units
+
+    def init(self, key: jax.Array, input_type: fd.TupleType) -> dict:
+        a, b = (t.shape[-1] for t in input_type)
+        ka, kb, kg, kc = jax.random.split(key, 4)
+        u = self.units
+
+        def weights(k: jax.Array, n: int) -> jax.Array:
+            return jax.random.normal(k, (n, u)) / np.sqrt(n)
+
+        return {"proj": {"a": weights(ka, a), "b": weights(kb, b)},
+                "gate": {"w": weights(kg, a + b), "c": 0.1 * jax.random.normal(kc, (u,))}}
+
+    def apply(self, params: dict, a: jax.Array, b: jax.Array) -> jax.Array:
+        g = jax.nn.sigmoid(jnp.concatenate([a, b], -1) @ params["gate"]["w"] + params["gate"]["c"])
+        return g * jnp.tanh(a @ params["proj"]["a"]) + (1 - g) * (b @ params["proj"]["b"])
+
+
 class _Grammar:
-    def __init__(self, rng: np.random.Generator, wide: bool, rich: bool = False):
+    def __init__(self, rng: np.random.Generator, wide: bool, rich: bool = False, users: bool = False):
         self.rng = rng
         self.rich = rich
+        self.users = users
         self.state_widths = (128,) if wide else (3, 4, 6)
         self.fcs: dict = {}
+        self.gates: dict = {}
+        self.metrics: dict[str, int] = {}
+        # Where ``evaluate`` collects the metrics' values while a reference runs (None otherwise).
+        self.tape: dict[str, list] | None = None
 
     def pick(self, options: Any) -> Any:
         return options[int(self.rng.integers(len(options)))]
@@ -94,6 +146,8 @@ class _Grammar:
         if self.rich:
             inner += [self.zip, self.broadcast, self.ngrams, self.nth, self.slice, self.sized, self.optional,
                       self.all_of, self.reversed_fold, self.passthrough]
+        if self.users:
+            inner += [self.composition, self.gated]
         spec = self.pick(leaves)() if depth <= 0 else self.pick(inner)(depth - 1)
         return spec if width is None or spec.width == width else self.adapt(spec, width)
 
@@ -262,7 +316,9 @@ class _Grammar:
         block = fd.Record((fd.Map(a.block), fd.Map(b.block))) >> zipped >> fd.Sum()
 
         def reference(p: dict, x: tuple) -> jax.Array:
-            pairs = [jnp.concatenate([a.reference(p, i), b.reference(p, j)]) for i, j in zip(x[0], x[1])]
+            # Both maps run on every item (their metrics record all of them); zip drops the longer's tail.
+            ys, zs = [a.reference(p, i) for i in x[0]], [b.reference(p, j) for j in x[1]]
+            pairs = [jnp.concatenate([y, z]) for y, z in zip(ys, zs)]
             return jnp.sum(jnp.stack(pairs), axis=0) if pairs else jnp.zeros(w, jnp.float32)
 
         return Spec(block, w, reference, lambda: (self._seq(a)(), self._seq(b)()),
@@ -305,7 +361,10 @@ class _Grammar:
             xs = self._seq(sub, 1, 4)()
             return (xs, int(self.rng.integers(len(xs))))
 
-        return Spec(block, sub.width, lambda p, x: sub.reference(p, x[0][x[1]]), sample, f"Nth(Map({sub.text}))")
+        def reference(p: dict, x: tuple) -> jax.Array:
+            return [sub.reference(p, item) for item in x[0]][x[1]]  # the map runs on every item
+
+        return Spec(block, sub.width, reference, sample, f"Nth(Map({sub.text}))")
 
     def slice(self, depth: int) -> Spec:
         sub = self.expr(depth)
@@ -363,3 +422,59 @@ class _Grammar:
         sub = self.expr(depth)
         return Spec(sub.block >> fd.Identity() >> fd.Dropout(0.5), sub.width, sub.reference, sub.sample,
                     f"{sub.text}>>Identity>>Dropout")
+
+    # -------------------------------------------------- users' productions
+    def metric(self, width: int) -> str:
+        """A metric name for values of ``width``: half the time one drawn before for that width,
+        so that a metric collects from several places."""
+        same = [name for name, w in self.metrics.items() if w == width]
+        if same and self.rng.random() < 0.5:
+            return self.pick(same)
+        name = f"m{len(self.metrics)}"
+        self.metrics[name] = width
+        return name
+
+    def composition(self, depth: int) -> Spec:
+        """A ``Composition`` wired as users wire one: two children read the input's items, an FC
+        reads both, a ``Metric`` records its value, and the output concatenates the FC's value,
+        the first child's again (read twice) and a ``FromTensor`` constant."""
+        a, b = self.expr(depth), self.expr(depth)
+        w = self.pick((2, 3))
+        layer = self.fc(a.width + b.width, w)
+        name = self.metric(w)
+        constant = np.round(self.rng.normal(size=2), 3).astype(np.float32)
+        c = fd.Composition()
+        with c.scope():
+            ya = a.block.reads(c.input[0])
+            yb = b.block.reads(c.input[1])
+            h = (fd.Concat() >> fd.Function(layer)).reads(ya, yb)
+            fd.Metric(name).reads(h)
+            c.output.reads(fd.Concat().reads(h, ya, fd.FromTensor(constant)))
+
+        def reference(p: dict, x: tuple) -> jax.Array:
+            first = a.reference(p, x[0])
+            value = fc_reference(layer, jnp.concatenate([first, b.reference(p, x[1])]), p)
+            if self.tape is not None:
+                self.tape[name].append(value)
+            return jnp.concatenate([value, first, jnp.asarray(constant)])
+
+        return Spec(c, w + a.width + 2, reference, lambda: (a.sample(), b.sample()),
+                    f"Composition({a.text}, {b.text}, FC({w}), Metric({name}), FromTensor)")
+
+    def gated(self, depth: int) -> Spec:
+        """A ``Record`` piped straight into a custom layer (``Gate``; the one drawn before for the
+        same widths, half the time)."""
+        a, b = self.expr(depth), self.expr(depth)
+        w = self.pick((2, 3, 4))
+        widths = (a.width, b.width, w)
+        if widths not in self.gates or self.rng.random() >= 0.5:
+            self.gates[widths] = Gate(w)
+        layer = self.gates[widths]
+
+        def reference(p: dict, x: tuple) -> jax.Array:
+            q, u, v = p[layer.name], a.reference(p, x[0]), b.reference(p, x[1])
+            g = jax.nn.sigmoid(jnp.concatenate([u, v]) @ q["gate"]["w"] + q["gate"]["c"])
+            return g * jnp.tanh(u @ q["proj"]["a"]) + (1 - g) * (v @ q["proj"]["b"])
+
+        return Spec(fd.Record((a.block, b.block)) >> layer, w, reference, lambda: (a.sample(), b.sample()),
+                    f"Gate({a.text}, {b.text}, {w})")

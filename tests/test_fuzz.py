@@ -18,8 +18,45 @@ from benchmarks.fuzz import CHUNKS, MODES, Case, run_case
 def test_random_models_match_their_reference(seed, chunk, backward, recorded, batch_size):
     """``run_case`` asserts outputs and gradients against the per-example reference batch by batch;
     every example must have been compared."""
-    text, compared = run_case(Case(seed, chunk, backward, recorded, batch_size, wide=False))
+    text, compared = run_case(Case(seed, chunk, backward, recorded, batch_size, wide=False, users=True))
     assert compared == 6 and text
+
+
+def test_a_users_model_with_a_composition_metric_and_custom_layer_matches():
+    """Seed 4 of the users' grammar: a ``Composition`` (a constant, a value read twice, a metric)
+    over a custom ``Gate`` layer, under ``Optional``."""
+    text, compared = run_case(Case.draw(4, users=True))
+    assert compared == 6 and "Composition(" in text and "Gate(" in text and "Metric(" in text
+
+
+def test_metric_values_and_their_count_are_compared_per_example():
+    """A reference that records a metric value wrongly, or one value too many, fails the comparison:
+    the check that found the references of ``Nth`` and ``Zip`` skipping items their maps run on."""
+    import numpy as np
+
+    import fold as fd
+    from benchmarks.fuzz import comparer, random_params
+    from benchmarks.random_models import random_model
+
+    model = random_model(4, n=6, rich=True, users=True)
+    compiler = fd.Compiler.create(model.block)
+    params = random_params(compiler, 4)
+    examples = [e for e in model.examples if e is not None][:3]
+    batch = compiler.build_batch(examples)
+    comparer(compiler, model, 4)(params, batch, examples, "right")
+
+    def wrong(by: float, extra: bool):
+        def evaluate(p, x):
+            out, metrics = model.evaluate(p, x)
+            values = [v + by for v in metrics["m0"]] + ([metrics["m0"][0]] if extra and metrics["m0"] else [])
+            return out, {"m0": values}
+        return model._replace(evaluate=evaluate)
+
+    with pytest.raises(AssertionError, match="metric 'm0' of example 0"):
+        comparer(compiler, wrong(1e-3, False), 4)(params, batch, examples, "shifted")
+    with pytest.raises(AssertionError, match="metric 'm0' of example 0"):
+        comparer(compiler, wrong(0.0, True), 4)(params, batch, examples, "one too many")
+    assert np.asarray(compiler.apply(params, batch).metrics["m0"].count()) == len(examples)
 
 
 def test_a_case_with_ties_under_init_params_matches():
@@ -94,8 +131,8 @@ def test_an_error_in_a_case_is_a_recorded_finding(monkeypatch):
         raise ValueError("schedule out of bounds")
 
     monkeypatch.setattr(fuzz, "run_case", broken)
-    case, text, failure, seconds = fuzz.outcome(12)
-    assert case == fuzz.Case.draw(12) and text == "" and seconds >= 0
+    case, text, failure, seconds = fuzz.outcome((12, True))
+    assert case == fuzz.Case.draw(12, users=True) and text == "" and seconds >= 0
     assert failure["case"]["seed"] == 12 and failure["error"] == "ValueError: schedule out of bounds"
     assert "broken" in failure["traceback"]
 
@@ -120,7 +157,7 @@ def test_a_terminated_run_saves_what_it_found(tmp_path):
     assert result["first_seed"] == 3 and 0 <= result["cases_run"] < 200 and result["failures"] == 0
 
 
-def test_a_results_file_from_before_parts_is_one_part_of_unrecorded_code(tmp_path):
+def test_a_results_file_from_before_parts_is_one_rich_part_of_unrecorded_code(tmp_path):
     import json
 
     from benchmarks import fuzz
@@ -128,4 +165,49 @@ def test_a_results_file_from_before_parts_is_one_part_of_unrecorded_code(tmp_pat
     path = tmp_path / "fuzz.json"
     path.write_text(json.dumps({"first_seed": 0, "cases_run": 7, "seconds": 1.0, "block_counts": {},
                                 "mode_counts": {}, "failed_cases": []}))
-    assert fuzz._load(path)["parts"] == [{"first_seed": 0, "cases": 7, "code": None}]
+    assert fuzz._load(path)["parts"] == [{"first_seed": 0, "cases": 7, "code": None, "users": False}]
+
+
+def test_a_run_records_each_parts_grammar(tmp_path, monkeypatch):
+    """A new run draws from the users' grammar; a part resumed without ``--grammar`` keeps the
+    last part's; a file from before grammars were recorded was the rich grammar's. A failed case
+    runs again with its own grammar whatever the new part's."""
+    import json
+    import sys
+
+    from benchmarks import fuzz
+
+    ran = []  # the cases run, as (seed, users); they run in this process and pass at once
+    monkeypatch.setattr(fuzz, "run_case", lambda case: (ran.append((case.seed, case.users)), ("Map(Sum)", 6))[1])
+    monkeypatch.setattr(fuzz.multiprocessing, "get_context", lambda method: _InProcess)
+    path = tmp_path / "fuzz.json"
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--first-seed", "4", "--cases", "1", "--json", str(path)])
+    fuzz.main()
+    assert [q["users"] for q in json.loads(path.read_text())["parts"]] == [True]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"first_seed": 4, "cases_run": 1, "seconds": 1.0, "block_counts": {},
+                               "mode_counts": {}, "failed_cases": [{"case": {"seed": 4}, "error": "", "traceback": ""}],
+                               "parts": [{"first_seed": 4, "cases": 1, "code": None}]}))
+    assert fuzz._load(old)["parts"][0]["users"] is False
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "2", "--json", str(old)])
+    fuzz.main()
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "3", "--grammar", "users", "--json", str(old)])
+    fuzz.main()
+    assert ran == [(4, True), (4, False), (5, False), (6, True)]  # the failed case 4 runs with its own grammar
+    result = json.loads(old.read_text())
+    assert [(q["first_seed"], q["cases"], q["users"]) for q in result["parts"]] == [(4, 1, False), (5, 1, False),
+                                                                                     (6, 1, True)]
+
+
+class _InProcess:
+    """``multiprocessing``'s context and pool, run in this process (so a test sees what runs)."""
+
+    @staticmethod
+    def Pool(jobs, initializer=None, initargs=()):  # noqa: N802 (multiprocessing's name)
+        return _InProcess()
+
+    def imap(self, fn, items):
+        return map(fn, items)
+
+    def terminate(self):
+        pass

@@ -29,8 +29,8 @@ def _check(model: RandomModel, backward: str, chunk: int | tuple, seed: int = 0)
     # The batch's own layout: padding it with room to spare would hide writes past a region's end
     # (tests/scheduler/test_layouts.py checks padded batches).
     batch = compiler.build_batch(model.examples, exact_layout=True)
-    comparer(compiler, model.reference, seed)(params, batch, model.examples,
-                                              f"{model.text} (backward={backward}, chunk={chunk})")
+    comparer(compiler, model, seed)(params, batch, model.examples,
+                                    f"{model.text} (backward={backward}, chunk={chunk})")
     return batch
 
 
