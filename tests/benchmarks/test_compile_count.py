@@ -12,6 +12,7 @@ from benchmarks import compile_count
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sst_sample"
 
 
+@pytest.mark.slow
 def test_quick_run(tmp_path):
     out = tmp_path / "compile_count.json"
     r = compile_count.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])

@@ -26,6 +26,7 @@ def test_type_rows_count_every_arena_row():
     assert stats.type_rows == (10,) and stats.rows == 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backward", ["auto", "save"])
 def test_quick_run(tmp_path, backward):
     out = tmp_path / "memory.json"

@@ -26,6 +26,7 @@ def test_exclusive_time_subtracts_nested_ops_per_thread():
     assert step_profile.calls(events)["dot.1"] == 3
 
 
+@pytest.mark.slow
 def test_quick_profile_adds_up(tmp_path):
     result = step_profile.main(["--quick", "--batch-sizes", "8", "--repeats", "2", "--json", str(tmp_path / "p.json")])
     run = result["runs"][0]

@@ -16,6 +16,7 @@ def test_relabel_and_leaf_order_round_trip():
     assert table1.leaf_order(table1.relabel(shape, ids)) == ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["infer", "train"])
 def test_quick_run(tmp_path, mode):
     out = tmp_path / "table1.json"
