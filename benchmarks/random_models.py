@@ -130,13 +130,17 @@ class _Grammar:
     def length(self, low: int = 0, high: int = 4) -> int:
         return int(self.rng.integers(low, high + 1))
 
+    def shared(self, layers: dict, key: Any, make: Callable[[], Any]) -> Any:
+        """The layer ``layers`` holds for ``key`` half the time (so layers are shared between
+        places), else a new one from ``make``, held from then on."""
+        if key in layers and self.rng.random() < 0.5:
+            return layers[key]
+        layers[key] = make()
+        return layers[key]
+
     def fc(self, w_in: int, w_out: int) -> fd.FC:
-        """An FC from ``w_in`` to ``w_out`` units: the one drawn before for these widths, half the time."""
-        if (w_in, w_out) in self.fcs and self.rng.random() < 0.5:
-            return self.fcs[(w_in, w_out)]
-        layer = fd.FC(w_out, activation=jnp.tanh)
-        self.fcs[(w_in, w_out)] = layer
-        return layer
+        """An FC from ``w_in`` to ``w_out`` units, shared with other places of these widths half the time."""
+        return self.shared(self.fcs, (w_in, w_out), lambda: fd.FC(w_out, activation=jnp.tanh))
 
     def expr(self, depth: int, width: int | None = None) -> Spec:
         """A random production of at most ``depth`` levels; ``width`` forces its output width."""
@@ -466,15 +470,10 @@ class _Grammar:
         same widths, half the time)."""
         a, b = self.expr(depth), self.expr(depth)
         w = self.pick((2, 3, 4))
-        widths = (a.width, b.width, w)
-        if widths not in self.gates or self.rng.random() >= 0.5:
-            self.gates[widths] = Gate(w)
-        layer = self.gates[widths]
+        layer = self.shared(self.gates, (a.width, b.width, w), lambda: Gate(w))
 
-        def reference(p: dict, x: tuple) -> jax.Array:
-            q, u, v = p[layer.name], a.reference(p, x[0]), b.reference(p, x[1])
-            g = jax.nn.sigmoid(jnp.concatenate([u, v]) @ q["gate"]["w"] + q["gate"]["c"])
-            return g * jnp.tanh(u @ q["proj"]["a"]) + (1 - g) * (v @ q["proj"]["b"])
+        def reference(p: dict, x: tuple) -> jax.Array:  # the layer's own apply on one row, as ``rnn``'s cells
+            return layer.apply(p[layer.name], a.reference(p, x[0])[None], b.reference(p, x[1])[None])[0]
 
         return Spec(fd.Record((a.block, b.block)) >> layer, w, reference, lambda: (a.sample(), b.sample()),
                     f"Gate({a.text}, {b.text}, {w})")
