@@ -29,28 +29,25 @@ from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
 from benchmarks.executor import training_step
 from examples import sst, weave
-from examples.common import print_table
+from examples.common import COUNT, print_table
 from fold.compiler.saving import BACKWARDS, saved_buffer_bytes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", nargs="+", choices=BACKWARDS, default=list(BACKWARDS))
-    p.add_argument("--sst-batches", type=int, nargs="*", default=[25, 64, 128, 256])
-    p.add_argument("--tree-batches", type=int, nargs="*", default=[1, 32, 64, 256],
+    p.add_argument("--sst-batches", type=COUNT, nargs="*", default=[25, 64, 128, 256])
+    p.add_argument("--tree-batches", type=COUNT, nargs="*", default=[1, 32, 64, 256],
                    help="batches of random trees (Table 1 model)")
-    p.add_argument("--hidden", type=int, default=150, help="SST state size (the Table 1 model uses 256)")
-    p.add_argument("--weave-batches", type=int, nargs="*", default=[32, 128], help="molecules per weave batch")
-    p.add_argument("--weave-hidden", type=int, default=32, help="weave layer width")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--hidden", type=COUNT, default=150, help="SST state size (the Table 1 model uses 256)")
+    p.add_argument("--weave-batches", type=COUNT, nargs="*", default=[32, 128], help="molecules per weave batch")
+    p.add_argument("--weave-hidden", type=COUNT, default=32, help="weave layer width")
+    p.add_argument("--repeats", type=COUNT, default=7)
     add_run_flags(p, "backward", "tiny batches and models")
     args = p.parse_args(argv)
     if args.quick:
         args.sst_batches, args.tree_batches, args.hidden, args.repeats = [4], [2], 8, 1
         args.weave_batches, args.weave_hidden = [3], 8
-    if min(args.sst_batches + args.tree_batches + args.weave_batches
-           + [args.hidden, args.weave_hidden, args.repeats]) <= 0:
-        p.error("batch sizes, widths and --repeats must be positive")
     return args
 
 

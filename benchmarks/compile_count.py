@@ -36,7 +36,7 @@ import fold as fd
 from benchmarks import models, random_models
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, NATURAL, print_table
 from fold.compiler.compiler import CHUNK_SIZES
 from fold.scheduler.layouts import computed_rows
 
@@ -46,13 +46,13 @@ RANDOM_GOAL, RANDOM_MEDIAN_GOAL, DEVICE_GOAL = 4, 2, 1.10
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=1, help="processes building batches ahead")
-    p.add_argument("--chunk-size", type=int, nargs="+", default=list(CHUNK_SIZES),
+    p.add_argument("--batch-size", type=COUNT, default=64)
+    p.add_argument("--workers", type=NATURAL, default=1, help="processes building batches ahead")
+    p.add_argument("--chunk-size", type=COUNT, nargs="+", default=list(CHUNK_SIZES),
                    help="candidates for C (Compiler.create's chunk_size)")
     p.add_argument("--workload", choices=("sst", "random"), default="sst")
-    p.add_argument("--models", type=int, default=8, help="random models (--workload random)")
-    p.add_argument("--examples", type=int, default=3000, help="examples per random model")
+    p.add_argument("--models", type=COUNT, default=8, help="random models (--workload random)")
+    p.add_argument("--examples", type=COUNT, default=3000, help="examples per random model")
     add_run_flags(p, "compile_count", "a few hundred trees, small model")
     return p.parse_args(argv)
 

@@ -38,23 +38,23 @@ import fold as fd
 from benchmarks import models, table1
 from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
 from examples import sst, weave
-from examples.common import print_table
+from examples.common import COUNT, print_table
 
 WORKLOADS = ("sst", "table1", "weave")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 64, 128, 256, 512, 4096])
-    p.add_argument("--sst-batch", type=int, default=64)
-    p.add_argument("--tree-batch", type=int, default=256, help="batch of random trees (Table 1 model)")
-    p.add_argument("--hidden", type=int, default=150, help="SST state size (the Table 1 model uses 256)")
+    p.add_argument("--chunk-sizes", type=COUNT, nargs="+", default=[32, 64, 128, 256, 512, 4096])
+    p.add_argument("--sst-batch", type=COUNT, default=64)
+    p.add_argument("--tree-batch", type=COUNT, default=256, help="batch of random trees (Table 1 model)")
+    p.add_argument("--hidden", type=COUNT, default=150, help="SST state size (the Table 1 model uses 256)")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    p.add_argument("--weave-batch", type=int, default=32, help="molecules per weave batch")
-    p.add_argument("--weave-hidden", type=int, default=32, help="weave layer width")
+    p.add_argument("--weave-batch", type=COUNT, default=32, help="molecules per weave batch")
+    p.add_argument("--weave-hidden", type=COUNT, default=32, help="weave layer width")
     p.add_argument("--mode", choices=("train", "infer"), default="train",
                    help="time training steps, or forward passes")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=COUNT, default=5)
     add_run_flags(p, "executor", "tiny batches and models")
     args = p.parse_args(argv)
     if args.quick:
@@ -62,8 +62,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.weave_batch, args.weave_hidden = 4, 8
     if any(c < 8 or c & (c - 1) for c in args.chunk_sizes):
         p.error("chunk sizes must be powers of two >= 8")
-    if min(args.sst_batch, args.tree_batch, args.hidden, args.weave_batch, args.weave_hidden, args.repeats) <= 0:
-        p.error("batch sizes, widths and --repeats must be positive")
     return args
 
 

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 import fold as fd
 from benchmarks.common import RESULTS, machine
 from benchmarks.random_models import RandomModel, random_model
+from examples.common import COUNT, NATURAL
 
 MODES = ("save", "auto", "recompute")
 # The grammars of ``random_model`` a run may draw from: ``GRAMMARS[users]``.
@@ -246,11 +247,12 @@ def _load(path: pathlib.Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", type=int, default=200, help="cases the run should reach in total")
-    p.add_argument("--first-seed", type=int, default=0, help="seed of the first case (cases take consecutive seeds)")
-    p.add_argument("--case", type=int, default=None, help="rerun the case of this seed only, printing its error")
+    p.add_argument("--cases", type=COUNT, default=200, help="cases the run should reach in total")
+    p.add_argument("--first-seed", type=NATURAL, default=0,
+                   help="seed of the first case (cases take consecutive seeds)")
+    p.add_argument("--case", type=NATURAL, default=None, help="rerun the case of this seed only, printing its error")
     p.add_argument("--json", default=None, help="results file (default benchmarks/results/fuzz.json)")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=COUNT, default=1,
                    help="cases run at once, each in a process of its own (a case compiles on one core)")
     p.add_argument("--resume", action="store_true",
                    help="run the results file's failed cases again, then continue its run from its next seed, "
@@ -265,10 +267,6 @@ def main() -> None:
         text, compared = run_case(case)
         print(f"{text}\nok: {compared} examples match the reference")
         return
-    if args.cases < 1:
-        raise SystemExit("--cases must be >= 1")
-    if args.jobs < 1:
-        raise SystemExit("--jobs must be >= 1")
     path = pathlib.Path(args.json) if args.json else RESULTS / "fuzz.json"
     state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
                                              "case_seconds": 0.0, "block_counts": {}, "mode_counts": {},

@@ -51,7 +51,7 @@ import fold as fd
 from benchmarks import memory, models
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, print_table
 from fold.compiler.saving import BACKWARDS
 
 KEEP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32), "MALLOC_ARENA_MAX": "1"}
@@ -59,18 +59,16 @@ KEEP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": s
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[64, 256])
     p.add_argument("--backward", choices=BACKWARDS, nargs="+", default=["recompute", "save"])
-    p.add_argument("--rounds", type=int, default=3, help="child processes per configuration and allocator")
-    p.add_argument("--steps", type=int, default=32, help="timed steps per child process")
-    p.add_argument("--hidden", type=int, default=150)
+    p.add_argument("--rounds", type=COUNT, default=3, help="child processes per configuration and allocator")
+    p.add_argument("--steps", type=COUNT, default=32, help="timed steps per child process")
+    p.add_argument("--hidden", type=COUNT, default=150)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     add_run_flags(p, "host_allocator", "the committed sample, tiny model")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_sizes, args.backward, args.rounds, args.steps, args.hidden = [16], ["recompute"], 1, 2, 8
-    if min(*args.batch_sizes, args.rounds, args.steps, args.hidden) <= 0:
-        p.error("--batch-sizes, --rounds, --steps and --hidden must be positive")
     return args
 
 

@@ -36,7 +36,7 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, make_train_step, save_results
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, print_table
 from fold.compiler.saving import BACKWARDS
 
 GOAL = 1.5
@@ -44,18 +44,16 @@ GOAL = 1.5
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--batches", type=int, default=4, help="random batches to measure")
-    p.add_argument("--hidden", type=int, default=150)
-    p.add_argument("--embed-size", type=int, default=100)
+    p.add_argument("--batch-size", type=COUNT, default=256)
+    p.add_argument("--batches", type=COUNT, default=4, help="random batches to measure")
+    p.add_argument("--hidden", type=COUNT, default=150)
+    p.add_argument("--embed-size", type=COUNT, default=100)
     p.add_argument("--backward", choices=BACKWARDS, default="auto",
                    help="fold's backward through the loop (results go to memory_NAME.json unless auto)")
     add_run_flags(p, "memory", "the committed sample, tiny model")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_size, args.batches, args.hidden, args.embed_size = 32, 2, 16, 16
-    if min(args.batch_size, args.batches, args.hidden, args.embed_size) <= 0:
-        p.error("--batch-size, --batches, --hidden and --embed-size must be positive")
     return args
 
 

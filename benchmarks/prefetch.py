@@ -32,7 +32,7 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, save_results
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, RATE, print_table
 
 
 def loop(compiler: fd.Compiler, trees: list, batch_size: int, step_s: float | None,
@@ -68,11 +68,11 @@ def measure(compiler: fd.Compiler, trees: list, batch_size: int, ratios: list[fl
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[25, 64, 256])
-    p.add_argument("--step-ratios", type=float, nargs="+", default=[0.5, 1.0, 3.0],
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[25, 64, 256])
+    p.add_argument("--step-ratios", type=RATE, nargs="+", default=[0.5, 1.0, 3.0],
                    help="simulated step time, as a multiple of the host's time per batch")
-    p.add_argument("--batches", type=int, default=24, help="batches per timed loop")
-    p.add_argument("--repeats", type=int, default=5, help="rounds, each timing every loop in turn")
+    p.add_argument("--batches", type=COUNT, default=24, help="batches per timed loop")
+    p.add_argument("--repeats", type=COUNT, default=5, help="rounds, each timing every loop in turn")
     add_run_flags(p, "prefetch", "a few small batches of sample trees")
     args = p.parse_args(argv)
     if args.quick:

@@ -31,19 +31,18 @@ GOAL_BALANCE = 1.05  # max / mean nodes per device, at 256 trees per device
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from benchmarks.common import add_run_flags
+    from examples.common import COUNT
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8], help="device counts to run")
-    p.add_argument("--per-device", type=int, default=256, help="trees per device per step")
-    p.add_argument("--steps", type=int, default=3, help="steps per device count")
-    p.add_argument("--hidden", type=int, default=150)
-    p.add_argument("--embed-size", type=int, default=100)
+    p.add_argument("--devices", type=COUNT, nargs="+", default=[1, 2, 4, 8], help="device counts to run")
+    p.add_argument("--per-device", type=COUNT, default=256, help="trees per device per step")
+    p.add_argument("--steps", type=COUNT, default=3, help="steps per device count")
+    p.add_argument("--hidden", type=COUNT, default=150)
+    p.add_argument("--embed-size", type=COUNT, default=100)
     add_run_flags(p, "scaling", "1 and 2 devices, 16 trees each, hidden 16, on the committed sample")
     args = p.parse_args(argv)
     if args.quick:
         args.devices, args.per_device, args.steps, args.hidden, args.embed_size = [1, 2], 16, 2, 16, 16
-    if min(args.devices) < 1 or args.per_device < 1 or args.steps < 1:
-        p.error("--devices, --per-device and --steps must be positive")
     return args
 
 

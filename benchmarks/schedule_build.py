@@ -32,7 +32,7 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results, timed
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, print_table
 
 FOLD_CPP_NODES_PER_S = 1e4
 GOAL_NODES_PER_S = 3e5
@@ -78,18 +78,16 @@ def step_seconds(compiler: fd.Compiler, batches: list[list[Any]], repeats: int,
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--batches", type=int, default=20, help="batches per workload")
-    p.add_argument("--step-batches", type=int, default=None,
+    p.add_argument("--batch-size", type=COUNT, default=64)
+    p.add_argument("--batches", type=COUNT, default=20, help="batches per workload")
+    p.add_argument("--step-batches", type=COUNT, default=None,
                    help="SST batches the training step is timed over (default: one epoch, every training tree)")
-    p.add_argument("--leaves", type=int, default=128, help="leaves of the random trees")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--leaves", type=COUNT, default=128, help="leaves of the random trees")
+    p.add_argument("--repeats", type=COUNT, default=3)
     add_run_flags(p, "schedule_build", "a few small batches")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_size, args.batches, args.leaves, args.repeats, args.step_batches = 16, 2, 16, 1, 2
-    if min(args.batch_size, args.batches, args.leaves, args.repeats, args.step_batches or 1) <= 0:
-        p.error("sizes, counts and --repeats must be positive")
     return args
 
 

@@ -43,7 +43,7 @@ import fold as fd
 from benchmarks import models, sst_peers
 from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, print_table
 
 LEARNING_RATE = 0.05
 STYLES = ("blocks", "layers", "function loss")
@@ -188,11 +188,11 @@ def _peer_loop(model: Any, chunks: list[list]) -> Callable[[], None]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=150)
-    p.add_argument("--embed-size", type=int, default=100)
-    p.add_argument("--trees", type=int, default=1024, help="training trees per timed loop")
-    p.add_argument("--repeats", type=int, default=5, help="rounds, each timing every loop in turn")
+    p.add_argument("--batch-size", type=COUNT, default=64)
+    p.add_argument("--hidden", type=COUNT, default=150)
+    p.add_argument("--embed-size", type=COUNT, default=100)
+    p.add_argument("--trees", type=COUNT, default=1024, help="training trees per timed loop")
+    p.add_argument("--repeats", type=COUNT, default=5, help="rounds, each timing every loop in turn")
     add_run_flags(p, "sst_styles", "a few batches of sample trees")
     args = p.parse_args(argv)
     if args.quick:

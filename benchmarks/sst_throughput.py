@@ -41,7 +41,7 @@ import fold as fd
 from benchmarks import models, sst_peers
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results, timed
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, print_table
 from fold.compiler.saving import BACKWARDS
 
 LEARNING_RATE = 0.05
@@ -50,24 +50,22 @@ GOALS = {"batch_size": 64, "hidden": 150, "vs_torch_eager": 10.0, "vs_torch_leve
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[25, 64, 128, 256])
-    p.add_argument("--hidden", type=int, nargs="+", default=[150, 300])
-    p.add_argument("--embed-size", type=int, default=100)
-    p.add_argument("--trees", type=int, default=2048, help="training trees per fold and level-batching run")
-    p.add_argument("--peer-trees", type=int, default=256, help="trees for PyTorch eager (slow)")
-    p.add_argument("--jax-trees", type=int, default=16, help="trees for JAX jit per tree (compiles per shape)")
-    p.add_argument("--dynet-trees", type=int, default=512, help="trees for DyNet autobatching")
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[25, 64, 128, 256])
+    p.add_argument("--hidden", type=COUNT, nargs="+", default=[150, 300])
+    p.add_argument("--embed-size", type=COUNT, default=100)
+    p.add_argument("--trees", type=COUNT, default=2048, help="training trees per fold and level-batching run")
+    p.add_argument("--peer-trees", type=COUNT, default=256, help="trees for PyTorch eager (slow)")
+    p.add_argument("--jax-trees", type=COUNT, default=16, help="trees for JAX jit per tree (compiles per shape)")
+    p.add_argument("--dynet-trees", type=COUNT, default=512, help="trees for DyNet autobatching")
     p.add_argument("--backward", choices=BACKWARDS, default="auto", help="fold's backward through the loop")
-    p.add_argument("--workers", type=int, default=1, help="worker processes for the background run")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", type=COUNT, default=1, help="worker processes for the background run")
+    p.add_argument("--repeats", type=COUNT, default=3)
     p.add_argument("--no-peers", action="store_true", help="measure fold only")
     add_run_flags(p, "sst_throughput", "the committed sample, tiny model")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_sizes, args.hidden, args.embed_size = [16], [16], 16
         args.trees, args.peer_trees, args.jax_trees, args.dynet_trees, args.repeats = 64, 16, 1, 32, 1
-    if min(args.batch_sizes + args.hidden) <= 0 or args.trees <= 0 or args.workers < 1 or args.repeats <= 0:
-        p.error("batch sizes, hidden sizes, --trees, --workers and --repeats must be positive")
     return args
 
 

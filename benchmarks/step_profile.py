@@ -40,7 +40,7 @@ import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
 from examples import sst
-from examples.common import print_table
+from examples.common import COUNT, print_table
 
 # Kinds of work, by the first pattern an op's name matches (XLA names fusions after what they hold).
 KINDS = (("matmul", r"dot|ynn_fusion|gemm|matmul"), ("scatter", r"scatter"), ("gather", r"gather"),
@@ -182,9 +182,9 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64])
-    p.add_argument("--hidden", type=int, nargs="+", default=[150])
-    p.add_argument("--repeats", type=int, default=10, help="timed steps, and steps profiled")
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[64])
+    p.add_argument("--hidden", type=COUNT, nargs="+", default=[150])
+    p.add_argument("--repeats", type=COUNT, default=10, help="timed steps, and steps profiled")
     add_run_flags(p, "step_profile", "one step of a batch of sample trees")
     args = p.parse_args(argv)
     trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))

@@ -44,7 +44,7 @@ import numpy as np
 import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, median_seconds, save_results
-from examples.common import print_table
+from examples.common import COUNT, NATURAL, number, print_table
 from fold.compiler.compiler import CHUNK_SIZES
 from fold.compiler.saving import BACKWARDS
 
@@ -57,21 +57,19 @@ LIMIT_ROUNDS = 11
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("infer", "train"), default="infer")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1024, 512, 256, 128, 64, 32, 1])
-    p.add_argument("--leaves", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=256, help="H (the paper used 1024 on its machines)")
-    p.add_argument("--chunk-size", type=int, nargs="+", default=list(CHUNK_SIZES),
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[1024, 512, 256, 128, 64, 32, 1])
+    p.add_argument("--leaves", type=number(int, 2), default=128)
+    p.add_argument("--hidden", type=COUNT, default=256, help="H (the paper used 1024 on its machines)")
+    p.add_argument("--chunk-size", type=COUNT, nargs="+", default=list(CHUNK_SIZES),
                    help="fold's candidates for C, the most rows per loop iteration (Compiler.create's chunk_size)")
     p.add_argument("--backward", choices=BACKWARDS, default="auto",
                    help="fold's backward through the loop (Compiler.create's backward; train mode only)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=COUNT, default=5)
+    p.add_argument("--seed", type=NATURAL, default=0)
     add_run_flags(p, "table1_MODE", "tiny trees and batches", data_dir=False)
     args = p.parse_args(argv)
     if args.quick:
         args.batch_sizes, args.leaves, args.hidden, args.repeats = [8, 1], 8, 16, 2
-    if any(b <= 0 for b in args.batch_sizes) or args.leaves < 2 or args.hidden <= 0 or args.repeats <= 0:
-        p.error("batch sizes, --hidden and --repeats must be positive and --leaves at least 2")
     args.batch_sizes = sorted(set(args.batch_sizes), reverse=True)
     return args
 

@@ -41,7 +41,9 @@ def number(kind: type, low: float, high: float = math.inf, *, low_open: bool = F
     return parse
 
 
-COUNT, RATE, FRACTION = number(int, 1), number(float, 0, low_open=True), number(float, 0, 1, high_open=True)
+# Counts, seeds and worker counts (which may be 0), learning and dropout rates.
+COUNT, NATURAL = number(int, 1), number(int, 0)
+RATE, FRACTION = number(float, 0, low_open=True), number(float, 0, 1, high_open=True)
 
 
 def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, batch_size: int,
@@ -51,11 +53,11 @@ def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, ba
     p.add_argument("--batch-size", type=COUNT, default=batch_size, help="examples per batch")
     p.add_argument("--learning-rate", type=RATE, default=learning_rate,
                    help=learning_rate_help or "step size of the optimizer (Adam)")
-    p.add_argument("--seed", type=number(int, 0), default=0, help="seed of the parameters, shuffling and dropout")
+    p.add_argument("--seed", type=NATURAL, default=0, help="seed of the parameters, shuffling and dropout")
     p.add_argument("--quick", action="store_true", help="a few seconds on a small subset")
     p.add_argument("--json", default=None, help=f"report path (default examples/results/{name}[_quick].json)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--workers", type=number(int, 0), default=1,
+    p.add_argument("--workers", type=NATURAL, default=1,
                    help="processes building batches ahead of the device (0: build in this process)")
     p.add_argument("--checkpoint-dir", default=None,
                    help=f"the last state and the best parameters go to DIR/{name}[_quick] "
