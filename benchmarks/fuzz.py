@@ -1,17 +1,18 @@
 """Differential fuzzing: random models against their independent per-example references.
 
-Each case draws a random well-typed model over every kind of block (``random_model(...,
-rich=True, users=True)``: pooling, folds, RNN cells, reductions, recursion over trees, ``OneOf``,
+Each case draws a random well-typed model over every kind of block (``random_model(..., rich=True,
+users=True, every=True)``: pooling, folds, RNN cells, reductions, recursion over trees, ``OneOf``,
 zips, broadcasts, n-grams, slices, ``Optional``, host transforms, ``Composition``, ``Metric``,
-constants, a custom layer, ...), six examples for it, a chunk size ``C`` (or candidates), a
-backward mode, recorded or walked examples and a batch size, builds the examples' batches with
-``compiler.batches`` and compares every batch's outputs, metric values and gradients with the
-reference, which evaluates one example at a time in plain ``jax.numpy`` and shares nothing with
-the scheduler or the executor. An exception is a failure too. A results file records each part's
-grammar (``"users": false``: the ``rich`` grammar, without ``Composition``, ``Metric``, constants
-and custom layers; parts from before grammars were recorded are ``rich``) and its failed cases
-theirs: ``--resume`` keeps the last part's unless ``--grammar`` says otherwise, and a failed case
-runs again with its own, so that a seed always draws the model it drew.
+constants, a custom layer, ``Softmax``, ``Void``, ...), six examples for it, a chunk size ``C`` (or
+candidates), a backward mode, recorded or walked examples and a batch size, builds the examples'
+batches with ``compiler.batches`` and compares every batch's outputs, metric values and gradients
+with the reference, which evaluates one example at a time in plain ``jax.numpy`` and shares nothing
+with the scheduler or the executor. An exception is a failure too. A results file records each
+part's grammar (``GRAMMARS``: ``rich`` lacks ``Composition``, ``Metric``, constants and custom
+layers, ``users`` lacks ``Softmax``, ``OneHotFromList``, rank-2 ``Tensor`` and ``Void``; parts from
+before grammars were recorded are ``rich``) and its failed cases theirs: ``--resume`` keeps the
+last part's unless ``--grammar`` says otherwise, and a failed case runs again with its own, so that
+a seed always draws the model it drew.
 
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
 saved every ``SAVE_EVERY`` cases and on Ctrl-C or SIGTERM, every mismatch with the seed that reproduces it:
@@ -49,8 +50,8 @@ from benchmarks.random_models import RandomModel, random_model
 from examples.common import COUNT, NATURAL
 
 MODES = ("save", "auto", "recompute")
-# The grammars of ``random_model`` a run may draw from: ``GRAMMARS[users]``.
-GRAMMARS = ("rich", "users")
+# The grammars of ``random_model`` a run may draw from, each adding productions to the one before.
+GRAMMARS = ("rich", "users", "every")
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
 # Cases between saves of the results file during a run.
 SAVE_EVERY = 20
@@ -75,13 +76,13 @@ class Case(NamedTuple):
     recorded: bool
     batch_size: int
     wide: bool
-    users: bool = False  # the grammar's users' productions (``random_model``)
+    grammar: str = "rich"  # one of GRAMMARS
 
     @classmethod
-    def draw(cls, seed: int, users: bool = False) -> Case:
+    def draw(cls, seed: int, grammar: str = "rich") -> Case:
         rng = np.random.default_rng([seed, 1])
         return cls(seed, CHUNKS[int(rng.integers(len(CHUNKS)))], MODES[int(rng.integers(len(MODES)))],
-                   bool(rng.random() < 0.5), int(rng.integers(1, 7)), bool(rng.random() < 0.15), users)
+                   bool(rng.random() < 0.5), int(rng.integers(1, 7)), bool(rng.random() < 0.15), grammar)
 
 
 def random_params(compiler: fd.Compiler, seed: int) -> dict:
@@ -166,7 +167,8 @@ def _sorted_rows(rows: np.ndarray) -> np.ndarray:
 def run_case(case: Case) -> tuple[str, int]:
     """Runs ``case``; returns the model's description and how many examples were compared with the
     reference. Raises on any mismatch or error."""
-    model = random_model(case.seed, n=6, rich=True, wide=case.wide, users=case.users)
+    level = GRAMMARS.index(case.grammar)
+    model = random_model(case.seed, n=6, rich=True, wide=case.wide, users=level >= 1, every=level >= 2)
     where = f"{model.text} ({case})"
     compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
     params = random_params(compiler, case.seed)
@@ -185,8 +187,8 @@ def run_case(case: Case) -> tuple[str, int]:
 _cases_in_process = itertools.count(1)
 
 
-def outcome(drawn: tuple[int, bool]) -> tuple[Case, str, dict | None, float]:
-    """The case of ``drawn`` (a seed, and whether the grammar has the users' productions), run:
+def outcome(drawn: tuple[int, str]) -> tuple[Case, str, dict | None, float]:
+    """The case of ``drawn`` (a seed and a grammar), run:
     its model's description and None, or its failure (a mismatch or any error is a finding), and
     the seconds it took. Clears JAX's caches every ``CLEAR_EVERY`` cases of this process, so that
     a long run's memory stays flat."""
@@ -236,13 +238,18 @@ def _load(path: pathlib.Path) -> dict:
                 "case_seconds": float(result.get("case_seconds", result["seconds"])),
                 "block_counts": dict(result["block_counts"]), "mode_counts": dict(result["mode_counts"]),
                 "failed_cases": list(result["failed_cases"]), "fixed_cases": list(result.get("fixed_cases", [])),
-                # Files from before parts were recorded: one part of unrecorded code; parts from
-                # before the users' productions: the grammar without them.
-                "parts": [{**part, "users": bool(part.get("users", False))}
+                # Files from before parts were recorded: one part of unrecorded code.
+                "parts": [{**{k: v for k, v in part.items() if k != "users"}, "grammar": _grammar(part)}
                           for part in result.get("parts", [{"first_seed": int(result["first_seed"]),
                                                             "cases": int(result["cases_run"]), "code": None}])]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--resume: cannot continue from {path}: {type(e).__name__}: {e}") from None
+
+
+def _grammar(recorded: dict) -> str:
+    """The grammar of a part or a case in a results file: from before the ``every`` grammar, they
+    said whether they had the users' productions; from before that, nothing (``rich``)."""
+    return recorded.get("grammar") or ("users" if recorded.get("users") else "rich")
 
 
 def main() -> None:
@@ -258,11 +265,12 @@ def main() -> None:
                    help="run the results file's failed cases again, then continue its run from its next seed, "
                         "adding to its counts")
     p.add_argument("--grammar", choices=GRAMMARS, default=None,
-                   help="'users' adds Composition, Metric, FromTensor and a custom layer to 'rich' (default: the "
-                        "resumed file's last part's, else 'users')")
+                   help="'users' adds Composition, Metric, FromTensor and a custom layer to 'rich', 'every' "
+                        "Softmax, OneHotFromList, Tensor and Void to 'users' (default: the resumed file's last "
+                        "part's, else 'every')")
     args = p.parse_args()
     if args.case is not None:
-        case = Case.draw(args.case, args.grammar != "rich")
+        case = Case.draw(args.case, args.grammar or GRAMMARS[-1])
         print(case)
         text, compared = run_case(case)
         print(f"{text}\nok: {compared} examples match the reference")
@@ -271,7 +279,7 @@ def main() -> None:
     state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
                                              "case_seconds": 0.0, "block_counts": {}, "mode_counts": {},
                                              "failed_cases": [], "fixed_cases": [], "parts": []}
-    users = args.grammar != "rich" if args.grammar or not state["parts"] else state["parts"][-1]["users"]
+    grammar = args.grammar or (state["parts"][-1]["grammar"] if state["parts"] else GRAMMARS[-1])
     first, earlier = state["first_seed"], state["cases_run"]
     if earlier >= args.cases:
         raise SystemExit(f"{path} already holds {earlier} cases (seeds {first}-{first + earlier - 1}); "
@@ -297,7 +305,7 @@ def main() -> None:
             "failed_cases": failures, "fixed_cases": fixed,
             # parts: the run's parts, each with the code it tested (source_version) and its grammar.
             "parts": state["parts"] + [{"first_seed": part["first_seed"], "cases": done - earlier,
-                                        "code": part["code"], "users": users}], "machine": machine(),
+                                        "code": part["code"], "grammar": grammar}], "machine": machine(),
         }
         path.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -314,7 +322,7 @@ def main() -> None:
         # The cases that failed are run again first: one that passes with the current code moves to
         # the fixed cases, with the error it had; one that still fails keeps its place.
         recorded, failures[:] = list(failures), []
-        again = pool.imap(outcome, [(f["case"]["seed"], bool(f["case"].get("users", False))) for f in recorded])
+        again = pool.imap(outcome, [(f["case"]["seed"], _grammar(f["case"])) for f in recorded])
         for old, (case, _, failure, _) in zip(recorded, again):
             if failure is None:
                 fixed.append(old)
@@ -322,7 +330,7 @@ def main() -> None:
             else:
                 failures.append(failure)
         # Pool.imap hands results back in seed order, so the cases done are always a prefix.
-        for case, text, failure, took in pool.imap(outcome, [(seed, users) for seed in seeds]):
+        for case, text, failure, took in pool.imap(outcome, [(seed, grammar) for seed in seeds]):
             if failure is None:
                 blocks.update(_blocks(text))
             else:

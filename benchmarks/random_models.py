@@ -10,7 +10,9 @@ difference in outputs or gradients is a batching bug. ``wide`` models have 128-w
 ``backward="auto"`` saves their loop operations' matmuls as ``"save"`` does. ``users`` models add
 the blocks users wire models with: ``Composition`` (a value read twice, a constant from
 ``FromTensor``), ``Metric`` (their references record the metrics' values too) and a layer
-written as users write their own (``Gate``).
+written as users write their own (``Gate``). ``every`` models add the last blocks no production
+drew: ``Softmax`` (as attention weights), ``OneHotFromList``, ``Tensor`` of rank 2 and ``Void``
+(a branch whose value is dropped, but which still runs).
 """
 
 from __future__ import annotations
@@ -52,15 +54,16 @@ class RandomModel(NamedTuple):
 
 
 def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False, rich: bool = False,
-                 users: bool = False) -> RandomModel:
+                 users: bool = False, every: bool = False) -> RandomModel:
     """A random model of at most ``depth`` nested productions and ``n`` examples for it.
 
     ``rich`` adds the productions over the rest of the blocks (``Zip``, ``ZipWith``,
     ``Broadcast``, ``NGrams``, ``Nth``, ``Slice``, ``Length``, ``Optional``, ``AllOf``,
     ``InputTransform``, ``Dropout``, ``Identity``, ``Min``), which the fuzzer uses; ``users`` adds
-    ``Composition``, ``FromTensor``, ``Metric`` and a custom layer. Without them a seed draws the
-    model it always drew (the benchmarks' seeds keep their models, a results file's seeds theirs)."""
-    grammar = _Grammar(np.random.default_rng(seed), wide, rich, users)
+    ``Composition``, ``FromTensor``, ``Metric`` and a custom layer, and ``every`` (with both)
+    ``Softmax``, ``OneHotFromList``, ``Tensor`` and ``Void``. Without them a seed draws the model it
+    always drew (the benchmarks' seeds keep their models, a results file's seeds theirs)."""
+    grammar = _Grammar(np.random.default_rng(seed), wide, rich, users, every)
     spec = grammar.expr(depth)
 
     def evaluate(params: dict, example: Any) -> tuple[jax.Array, dict[str, list]]:
@@ -113,10 +116,12 @@ class Gate(fd.Layer):
 
 
 class _Grammar:
-    def __init__(self, rng: np.random.Generator, wide: bool, rich: bool = False, users: bool = False):
+    def __init__(self, rng: np.random.Generator, wide: bool, rich: bool = False, users: bool = False,
+                 every: bool = False):
         self.rng = rng
         self.rich = rich
         self.users = users
+        self.every = every
         self.state_widths = (128,) if wide else (3, 4, 6)
         self.fcs: dict = {}
         self.gates: dict = {}
@@ -152,6 +157,9 @@ class _Grammar:
                       self.all_of, self.reversed_fold, self.passthrough]
         if self.users:
             inner += [self.composition, self.gated]
+        if self.every:
+            leaves += [self.listed, self.matrix]
+            inner += [self.attention, self.voided]
         spec = self.pick(leaves)() if depth <= 0 else self.pick(inner)(depth - 1)
         return spec if width is None or spec.width == width else self.adapt(spec, width)
 
@@ -477,3 +485,44 @@ class _Grammar:
 
         return Spec(fd.Record((a.block, b.block)) >> layer, w, reference, lambda: (a.sample(), b.sample()),
                     f"Gate({a.text}, {b.text}, {w})")
+
+    # ------------------------------------------------ every's productions
+    def listed(self) -> Spec:
+        elements, rng = ("a", "b", "c", "d")[: int(self.rng.integers(2, 5))], self.rng
+        k = len(elements)
+        return Spec(fd.OneHotFromList(elements), k,
+                    lambda p, x: jax.nn.one_hot(elements.index(x), k, dtype=jnp.float32),
+                    lambda: elements[int(rng.integers(k))], f"OneHotFromList({k})")
+
+    def matrix(self) -> Spec:
+        """A rank-2 ``Tensor``, flattened by a ``Function``."""
+        c, rng = int(self.rng.integers(1, 3)), self.rng
+        return Spec(fd.Tensor((2, c)) >> fd.Function(lambda x: x.reshape(x.shape[0], 2 * c)), 2 * c,
+                    lambda p, x: jnp.asarray(x, jnp.float32).reshape(2 * c),
+                    lambda: np.round(rng.normal(size=(2, c)), 3).tolist(), f"Tensor(2,{c})>>flatten")
+
+    def attention(self, depth: int) -> Spec:
+        """A sequence weighted by its own ``Softmax`` (entry by entry, across the items) and summed."""
+        sub = self.expr(depth)
+        block = (fd.Map(sub.block) >> fd.AllOf(fd.Identity(), fd.Softmax()) >> fd.Zip()
+                 >> fd.Map(fd.Function(lambda x, w: x * w)) >> fd.Sum())
+
+        def reference(p: dict, xs: list) -> jax.Array:
+            if not xs:
+                return jnp.zeros(sub.width, jnp.float32)
+            ys = jnp.stack([sub.reference(p, x) for x in xs])
+            return jnp.sum(ys * jax.nn.softmax(ys, axis=0), axis=0)
+
+        return Spec(block, sub.width, reference, self._seq(sub), f"Map({sub.text})>>Softmax-weighted Sum")
+
+    def voided(self, depth: int) -> Spec:
+        """``AllOf`` of two branches, the second ending in ``Void``: only the first's value is
+        used, but the second runs (its metrics record)."""
+        a, b = self.expr(depth), self.expr(depth)
+        block = fd.AllOf(fd.GetItem(0) >> a.block, fd.GetItem(1) >> b.block >> fd.Void()) >> fd.GetItem(0)
+
+        def reference(p: dict, x: tuple) -> jax.Array:
+            b.reference(p, x[1])
+            return a.reference(p, x[0])
+
+        return Spec(block, a.width, reference, lambda: (a.sample(), b.sample()), f"AllOf({a.text}, Void({b.text}))[0]")

@@ -18,7 +18,7 @@ from benchmarks.fuzz import CHUNKS, MODES, Case, run_case
 def test_random_models_match_their_reference(seed, chunk, backward, recorded, batch_size):
     """``run_case`` asserts outputs and gradients against the per-example reference batch by batch;
     every example must have been compared."""
-    text, compared = run_case(Case(seed, chunk, backward, recorded, batch_size, wide=False, users=True))
+    text, compared = run_case(Case(seed, chunk, backward, recorded, batch_size, wide=False, grammar="every"))
     assert compared == 6 and text
 
 
@@ -127,8 +127,8 @@ def test_an_error_in_a_case_is_a_recorded_finding(monkeypatch):
         raise ValueError("schedule out of bounds")
 
     monkeypatch.setattr(fuzz, "run_case", broken)
-    case, text, failure, seconds = fuzz.outcome((12, True))
-    assert case == fuzz.Case.draw(12, users=True) and text == "" and seconds >= 0
+    case, text, failure, seconds = fuzz.outcome((12, "users"))
+    assert case == fuzz.Case.draw(12, "users") and text == "" and seconds >= 0
     assert failure["case"]["seed"] == 12 and failure["error"] == "ValueError: schedule out of bounds"
     assert "broken" in failure["traceback"]
 
@@ -161,38 +161,51 @@ def test_a_results_file_from_before_parts_is_one_rich_part_of_unrecorded_code(tm
     path = tmp_path / "fuzz.json"
     path.write_text(json.dumps({"first_seed": 0, "cases_run": 7, "seconds": 1.0, "block_counts": {},
                                 "mode_counts": {}, "failed_cases": []}))
-    assert fuzz._load(path)["parts"] == [{"first_seed": 0, "cases": 7, "code": None, "users": False}]
+    assert fuzz._load(path)["parts"] == [{"first_seed": 0, "cases": 7, "code": None, "grammar": "rich"}]
 
 
 def test_a_run_records_each_parts_grammar(tmp_path, monkeypatch):
-    """A new run draws from the users' grammar; a part resumed without ``--grammar`` keeps the
-    last part's; a file from before grammars were recorded was the rich grammar's. A failed case
-    runs again with its own grammar whatever the new part's."""
+    """A new run draws from the ``every`` grammar; a part resumed without ``--grammar`` keeps the
+    last part's; a file from before grammars were recorded was the rich grammar's, and one from
+    before ``every`` said ``"users"`` of its parts and cases. A failed case runs again with its own
+    grammar whatever the new part's."""
     import json
     import sys
 
     from benchmarks import fuzz
 
-    ran = []  # the cases run, as (seed, users); they run in this process and pass at once
-    monkeypatch.setattr(fuzz, "run_case", lambda case: (ran.append((case.seed, case.users)), ("Map(Sum)", 6))[1])
+    ran = []  # the cases run, as (seed, grammar); they run in this process and pass at once
+    monkeypatch.setattr(fuzz, "run_case", lambda case: (ran.append((case.seed, case.grammar)), ("Map(Sum)", 6))[1])
     monkeypatch.setattr(fuzz.multiprocessing, "get_context", lambda method: _InProcess)
+
+    def run(*argv: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["fuzz", *argv])
+        fuzz.main()
+
     path = tmp_path / "fuzz.json"
-    monkeypatch.setattr(sys, "argv", ["fuzz", "--first-seed", "4", "--cases", "1", "--json", str(path)])
-    fuzz.main()
-    assert [q["users"] for q in json.loads(path.read_text())["parts"]] == [True]
+    run("--first-seed", "4", "--cases", "1", "--json", str(path))
+    assert [q["grammar"] for q in json.loads(path.read_text())["parts"]] == ["every"]
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"first_seed": 4, "cases_run": 1, "seconds": 1.0, "block_counts": {},
                                "mode_counts": {}, "failed_cases": [{"case": {"seed": 4}, "error": "", "traceback": ""}],
                                "parts": [{"first_seed": 4, "cases": 1, "code": None}]}))
-    assert fuzz._load(old)["parts"][0]["users"] is False
-    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "2", "--json", str(old)])
-    fuzz.main()
-    monkeypatch.setattr(sys, "argv", ["fuzz", "--resume", "--cases", "3", "--grammar", "users", "--json", str(old)])
-    fuzz.main()
-    assert ran == [(4, True), (4, False), (5, False), (6, True)]  # the failed case 4 runs with its own grammar
+    assert fuzz._load(old)["parts"][0]["grammar"] == "rich"
+    run("--resume", "--cases", "2", "--json", str(old))
+    run("--resume", "--cases", "3", "--grammar", "users", "--json", str(old))
+    assert ran == [(4, "every"), (4, "rich"), (5, "rich"), (6, "users")]  # the failed case 4 keeps its grammar
     result = json.loads(old.read_text())
-    assert [(q["first_seed"], q["cases"], q["users"]) for q in result["parts"]] == [(4, 1, False), (5, 1, False),
-                                                                                     (6, 1, True)]
+    assert [(q["first_seed"], q["cases"], q["grammar"]) for q in result["parts"]] == [
+        (4, 1, "rich"), (5, 1, "rich"), (6, 1, "users")]
+
+    before_every = tmp_path / "users.json"
+    before_every.write_text(json.dumps({
+        "first_seed": 0, "cases_run": 1, "seconds": 1.0, "block_counts": {}, "mode_counts": {},
+        "failed_cases": [{"case": {"seed": 0, "users": True}, "error": "", "traceback": ""}],
+        "parts": [{"first_seed": 0, "cases": 1, "code": "abc", "users": True}]}))
+    assert fuzz._load(before_every)["parts"] == [{"first_seed": 0, "cases": 1, "code": "abc", "grammar": "users"}]
+    ran.clear()
+    run("--resume", "--cases", "2", "--json", str(before_every))
+    assert ran == [(0, "users"), (1, "users")]
 
 
 class _InProcess:
