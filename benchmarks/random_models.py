@@ -10,8 +10,8 @@ difference in outputs or gradients is a batching bug. ``wide`` models have 128-w
 ``backward="auto"`` saves their loop operations' matmuls as ``"save"`` does. ``users`` models add
 the blocks users wire models with: ``Composition`` (a value read twice, a constant from
 ``FromTensor``), ``Metric`` (their references record the metrics' values too) and a layer
-written as users write their own (``Gate``). ``every`` models add the last blocks no production
-drew: ``Softmax`` (as attention weights), ``OneHotFromList``, ``Tensor`` of rank 2 and ``Void``
+written as users write their own (``Gate``). ``every`` models add four blocks no other production
+draws: ``Softmax`` (as attention weights), ``OneHotFromList``, ``Tensor`` of rank 2 and ``Void``
 (a branch whose value is dropped, but which still runs).
 """
 
