@@ -83,6 +83,29 @@ def test_seed_1813_matches():
     assert run_case(Case.draw(1813))[1] == 6
 
 
+def test_a_metric_in_a_void_branch_records_every_example():
+    """Seed 5812 of the ``every`` grammar drops a branch with ``Void`` whose ``Composition``
+    records a metric: the branch still runs, so every example records its value, and the values
+    and their gradients (the loss sums over them) match the reference, which runs the branch too."""
+    import numpy as np
+
+    import fold as fd
+    from benchmarks.fuzz import random_params
+    from benchmarks.random_models import random_model
+
+    model = random_model(5812, n=6, rich=True, users=True, every=True)
+    assert model.text.startswith("AllOf(") and "Void(Composition(" in model.text and "Metric(m0)" in model.text
+    assert run_case(Case.draw(5812, "every"))[1] == 6
+    compiler = fd.Compiler.create(model.block)
+    params = random_params(compiler, 5812)
+    values = compiler.apply(params, compiler.build_batch(model.examples)).metrics["m0"]
+    # Real entries come first, ordered by example: one per example.
+    assert np.asarray(values.example)[np.asarray(values.mask)].tolist() == list(range(6))
+    expected = [model.evaluate(params, x)[1]["m0"] for x in model.examples]
+    assert all(len(v) == 1 for v in expected)
+    np.testing.assert_allclose(np.asarray(values.values), np.stack([v[0] for v in expected]), rtol=1e-5)
+
+
 def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsys):
     """``--resume`` runs the recorded failures again (one that passes now moves to the fixed cases),
     then continues the recorded run from its next seed and adds to its counts, here with two cases
