@@ -15,11 +15,12 @@ last part's unless ``--grammar`` says otherwise, and a failed case runs again wi
 a seed always draws the model it drew.
 
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
-saved every ``SAVE_EVERY`` cases and on Ctrl-C or SIGTERM, every mismatch with the seed that reproduces it:
-``python -m benchmarks.fuzz --case SEED``). A long run may be done in parts: ``--resume`` first
-runs the cases the results file records as failed again (those that pass move to ``fixed_cases``,
-with the error they had), then continues the run from its next seed until it holds ``--cases``
-cases; ``--jobs N`` runs N cases at once in worker processes (results stay in seed order).
+saved every ``SAVE_EVERY`` cases and on Ctrl-C or SIGTERM, every mismatch with the seed and grammar
+that reproduce it: ``python -m benchmarks.fuzz --case SEED --grammar GRAMMAR``). A long run may be
+done in parts: ``--resume`` first runs the cases the results file records as failed again (those
+that pass move to ``fixed_cases``, with the error they had), then continues the run from its next
+seed until it holds ``--cases`` cases; ``--jobs N`` runs N cases at once in worker processes
+(results stay in seed order).
 ``tests/test_fuzz.py`` runs a few cases drawn by ``hypothesis`` in the suite.
 """
 
