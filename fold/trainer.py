@@ -125,8 +125,9 @@ class Trainer:
     Args:
       compiler: the model, from ``Compiler.create``.
       optimizer: an optax ``GradientTransformation``.
-      loss: the metric whose mean over a batch's entries is minimised, or a
-        function ``Result -> scalar`` (traced inside the step).
+      loss: the float scalar metric whose mean over a batch's entries is
+        minimised, or a function ``Result -> float scalar`` (traced inside
+        the step; ``fit`` raises ``TypeError`` when it returns anything else).
       batch_size: examples per training batch (and per evaluation batch
         unless ``eval_batch_size`` says otherwise).
       eval_batch_size: examples per batch in ``evaluate`` and ``predict``.
@@ -141,7 +142,7 @@ class Trainer:
       TypeError: ``compiler`` is not a ``Compiler`` or ``loss`` is neither
         a metric name nor callable.
       ValueError: a size is not positive, or ``loss`` names no metric of
-        the model.
+        the model or one that is not a float scalar.
     """
 
     def __init__(self, compiler: Compiler, optimizer: optax.GradientTransformation, *,
@@ -154,6 +155,11 @@ class Trainer:
                 known = ", ".join(sorted(compiler.program.metric_types)) or "none"
                 raise ValueError(f"loss={loss!r} names no metric of the model (its metrics: {known}); "
                                  "add fd.Metric(name) or pass loss=a function of the Result")
+            t = compiler.program.metric_types[loss]
+            if t.shape != () or not jnp.issubdtype(t.dtype, jnp.floating):
+                raise ValueError(f"loss={loss!r} is a metric of type {t}, but the loss a Trainer minimises is the "
+                                 "mean of a float scalar metric: reduce each value in the model (e.g. "
+                                 "fd.Function(jnp.sum) before the Metric) or pass loss=a function of the Result")
         elif not callable(loss):
             raise TypeError(f"loss must be a metric name or a function of the Result, got {loss!r}")
         batch_size = check_int("batch_size", batch_size, 1)
@@ -176,7 +182,16 @@ class Trainer:
     # ------------------------------------------------------------------ train
     def _loss(self, params: Any, batch: Batch, key: jax.Array) -> jax.Array:
         result = self.compiler.apply(params, batch, key)
-        return result.metrics[self.loss].mean() if isinstance(self.loss, str) else self.loss(result)
+        if isinstance(self.loss, str):
+            return result.metrics[self.loss].mean()
+        loss = self.loss(result)
+        if not isinstance(loss, jax.Array) or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
+            what = (f"a {loss.dtype} array of shape {loss.shape}" if isinstance(loss, jax.Array)
+                    else type(loss).__name__)
+            raise TypeError(f"the loss function {getattr(self.loss, '__name__', self.loss)!r} returned {what}; "
+                            "it must return a float scalar computed from the Result (e.g. "
+                            "result.metrics['loss'].mean())")
+        return loss
 
     def _train_step(self, params: Any, opt_state: Any, batch: Batch, step: jax.Array) -> tuple:
         key = jax.random.fold_in(jax.random.key(self.seed), step)

@@ -220,3 +220,34 @@ def test_a_loss_function_of_the_result():
                    loss=lambda result: result.metrics["abs_error"].mean())
     run = t.fit(data(), epochs=3, dev=data(8, 1), monitor="dev_abs_error")
     assert run.history[-1]["dev_abs_error"] < run.history[0]["dev_abs_error"]
+
+
+def test_a_loss_that_is_not_a_float_scalar_is_refused_with_a_message():
+    c = fd.Composition()
+    with c.scope():
+        y = (fd.Vector(2) >> fd.FC(2, activation=None, name="linear")).reads(c.input[0])
+        error = fd.Function(jnp.subtract).reads(y, fd.Vector(2).reads(c.input[1]))
+        fd.Metric("squares").reads(fd.Function(jnp.square).reads(error))
+        fd.Metric("count").reads(fd.Scalar("int32").reads(c.input[2]))
+        c.output.reads(y)
+    compiler = fd.Compiler.create(c)
+    with pytest.raises(ValueError, match=r"loss='squares' is a metric of type TensorType\(\(2,\), 'float32'\).*"
+                                         r"float scalar metric: reduce"):
+        fd.Trainer(compiler, optax.sgd(0.1), loss="squares")
+    with pytest.raises(ValueError, match=r"loss='count' is a metric of type TensorType\(\(\), 'int32'\)"):
+        fd.Trainer(compiler, optax.sgd(0.1), loss="count")
+    examples = [([x, 1.0], [x, -x], 1) for x in (0.1, 0.2, 0.3, 0.4)]
+
+    def vector_loss(result):
+        return result.metrics["squares"].mean()
+
+    t = fd.Trainer(compiler, optax.sgd(0.1), loss=vector_loss, batch_size=2, progress=False)
+    with pytest.raises(TypeError, match=r"'vector_loss' returned a float32 array of shape \(2,\); it must return a "
+                                        "float scalar"):
+        t.fit(examples, epochs=1)
+    t = fd.Trainer(compiler, optax.sgd(0.1), loss=lambda r: r.metrics["squares"].mean().sum(), batch_size=2,
+                   progress=False)
+    params = t.init().params
+    before = t.evaluate(params, examples)["squares"]
+    after = t.evaluate(t.fit(examples, epochs=20, params=params).params, examples)["squares"]
+    assert before.shape == (2,) and after.sum() < 0.1 * before.sum()
