@@ -186,7 +186,12 @@ class Function(Block):
                 pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
                 res = jax.eval_shape(lambda p, *a: layer._apply_keyed(p, *a, key=None), pshape, *args)
             else:
-                res = jax.eval_shape(self._function(), *args)
+                fn = self._function()
+                # Through a lambda: jit keys its cache on a weak reference, which NumPy's ufuncs refuse.
+                res = jax.eval_shape(lambda *a: fn(*a), *args)
+        except jax.errors.TracerArrayConversionError:
+            raise TypeError(f"{self!r} cannot be applied to input type {t}: it calls NumPy on its (traced) input; "
+                            "functions run under jax.jit, so use jax.numpy (jnp.tanh, not np.tanh)") from None
         except TypeError as e:
             raise TypeError(f"{self!r} cannot be applied to input type {t}: {e}") from None
         except Exception as e:  # shape errors surface as ValueError etc. from user code

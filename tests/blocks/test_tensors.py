@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,6 +42,20 @@ def test_function_dropping_batch_dimension_is_type_error():
 def test_function_shape_error_is_type_error():
     with pytest.raises(TypeError, match="cannot be applied"):
         fd.Vector(3) >> fd.Function(lambda x: x @ jnp.ones((4, 2)))
+
+
+def test_function_calling_numpy_is_type_error_that_says_use_jax_numpy():
+    # A NumPy ufunc itself once failed with "cannot create weak reference to 'numpy.ufunc' object".
+    for fn in (np.tanh, lambda x: np.tanh(x)):
+        with pytest.raises(TypeError, match=r"cannot be applied to input type TensorType\(\(3,\), 'float32'\): it "
+                                            r"calls NumPy on its \(traced\) input; .* use jax.numpy"):
+            fd.Vector(3) >> fd.Function(fn)
+
+
+def test_function_of_a_builtin_or_operator():
+    np.testing.assert_array_equal((fd.Vector(3) >> fd.Function(abs)).eval([1.0, -2.0, 3.0]), [1.0, 2.0, 3.0])
+    both = fd.Record((fd.Vector(2), fd.Vector(2))) >> fd.Function(operator.mul)
+    np.testing.assert_array_equal(both.eval(([1.0, -2.0], [3.0, 4.0])), [3.0, -8.0])
 
 
 def test_function_on_pyobject_is_type_error():
