@@ -19,6 +19,8 @@ Examples:
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +40,20 @@ def snake_case(name: str) -> str:
     return s.lower()
 
 
+@functools.cache
+def _takes_key(apply: Callable) -> bool:
+    """Whether ``apply`` has a ``key`` parameter that can be passed as ``key=`` beside the inputs:
+    keyword-only, or with a default (a positional ``key`` without one is an input, such as an
+    attention layer's keys)."""
+    try:
+        param = inspect.signature(apply).parameters.get("key")
+    except (TypeError, ValueError):  # no signature to read (a builtin): nothing says it takes a key
+        return False
+    return param is not None and (param.kind is inspect.Parameter.KEYWORD_ONLY or
+                                  (param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and
+                                   param.default is not inspect.Parameter.empty))
+
+
 class Layer(abc.ABC):
     """Base class of layers; subclass it and define ``init`` and ``apply``.
 
@@ -47,15 +63,19 @@ class Layer(abc.ABC):
     ``trainable=False`` keeps the parameters in ``params`` with a zero
     gradient.
 
-    A layer that sets ``stochastic = True`` (such as ``Dropout``) is called
-    as ``apply(params, *inputs, key=key)``: ``key`` is a PRNG key unique to
+    A *stochastic* layer (such as ``Dropout``) is called as
+    ``apply(params, *inputs, key=key)``: ``key`` is a PRNG key unique to
     that call (so each batched call draws fresh, independent values per
     row), derived from the key given to ``compiler.apply``; it is None when
     ``apply`` gets no key, which means "run deterministically" (evaluation).
+    A layer is stochastic when it sets ``stochastic = True``, or, when it
+    sets nothing, when its ``apply`` has a ``key`` parameter with a default
+    or after ``*`` (``def apply(self, params, x, *, key=None)``).
     """
 
-    #: Whether ``apply`` takes a ``key=`` keyword (see the class docstring).
-    stochastic: bool = False
+    #: Whether ``apply`` is called with ``key=`` (see the class docstring); None: whether
+    #: ``apply``'s signature takes one.
+    stochastic: bool | None = None
     # NumPy defers to ``__rrshift__``: ``np.array(...) >> layer`` is ``FromTensor(array) >> layer``.
     __array_ufunc__ = None
 
@@ -89,7 +109,8 @@ class Layer(abc.ABC):
 
     def _apply_keyed(self, params: Any, *inputs: Any, key: jax.Array | None) -> Any:
         """``apply``, passing ``key`` only to stochastic layers."""
-        return self.apply(params, *inputs, key=key) if self.stochastic else self.apply(params, *inputs)  # type: ignore[call-arg]
+        stochastic = _takes_key(type(self).apply) if self.stochastic is None else self.stochastic
+        return self.apply(params, *inputs, key=key) if stochastic else self.apply(params, *inputs)  # type: ignore[call-arg]
 
     def check_constant_inputs(self, *inputs: np.ndarray) -> None:  # noqa: B027 (optional hook)
         """Validates host-known input values at ``build_batch`` (override to check; raise to reject).

@@ -52,6 +52,48 @@ def test_dropout_is_unbiased():
     np.testing.assert_allclose(mean, x, rtol=0.1)
 
 
+class _Noise(fd.Layer):
+    """Adds unit normal noise when it gets a key; says nothing about being stochastic."""
+
+    def init(self, key, input_type):
+        return {}
+
+    def apply(self, params, x, *, key=None):
+        return x if key is None else x + jax.random.normal(key, x.shape, x.dtype)
+
+
+class _Attention(fd.Layer):
+    """A layer whose second input is named ``key``: an input, not a PRNG key."""
+
+    def init(self, key, input_type):
+        return {}
+
+    def apply(self, params, query, key):
+        return query * key
+
+
+def test_a_layer_whose_apply_takes_a_key_gets_one_unless_it_says_otherwise():
+    # It once got none: only stochastic = True passed keys, so such a layer silently never drew.
+    x = [[1.0, 2.0, 3.0]] * 4
+
+    def outputs(layer, key):
+        compiler = fd.Compiler.create(fd.Vector(3) >> layer)
+        return np.asarray(compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch(x), key).outputs)
+
+    np.testing.assert_array_equal(outputs(_Noise(), None), x)
+    noisy = outputs(_Noise(), jax.random.key(1))
+    assert np.all(noisy != np.asarray(x)) and len({row.tobytes() for row in noisy}) == 4
+    np.testing.assert_array_equal(noisy, outputs(_Noise(), jax.random.key(1)))
+    quiet = _Noise()
+    quiet.stochastic = False
+    np.testing.assert_array_equal(outputs(quiet, jax.random.key(1)), x)
+    for layer in (fd.Dropout(0.5), fd.FC(3, output_keep_prob=0.5)):
+        assert not np.allclose(outputs(layer, jax.random.key(1)), outputs(layer, None))
+    assert not fd.FC(3).stochastic
+    attention = (fd.Record((fd.Vector(2), fd.Vector(2))) >> _Attention()).eval(([1.0, 2.0], [3.0, 4.0]))
+    np.testing.assert_array_equal(attention, [3.0, 8.0])
+
+
 def test_recurrent_dropout_in_the_loop_has_consistent_gradients():
     """The backward loop must replay the forward loop's masks: compare with finite differences."""
     with enable_x64():
