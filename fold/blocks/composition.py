@@ -181,8 +181,13 @@ class Composition(Block):
         if self.output not in self._sources:
             raise TypeError(f"the output of {self!r} is not wired: call {self!r}.output.reads(...)")  # as Fold
         for m in self._members:
-            if m not in self._sources and m.input_type is None:
-                m.set_input_type(VoidType())
+            if m not in self._sources:  # reads nothing: gets no input, as in Fold
+                if m.input_type is None:
+                    m.set_input_type(VoidType())
+                elif not isinstance(m.input_type, VoidType):
+                    raise TypeError(f"{m!r} in {self!r} reads nothing, but it takes {m.input_type}: wire its input "
+                                    "with .reads() (only blocks that take no input, such as FromTensor, may read "
+                                    "nothing)")
         read = {s for srcs in self._sources.values() for s in srcs}
         for m in self._members:
             if m not in read and not isinstance(m.output_type, VoidType):

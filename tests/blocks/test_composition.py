@@ -75,6 +75,23 @@ def test_unused_block_is_type_error():
         fd.Compiler.create(c)
 
 
+def test_a_block_that_needs_an_input_but_reads_nothing_is_type_error():
+    # It once compiled, and every example then failed "at Scalar: expected a value ..., got None",
+    # blaming the data for the wiring.
+    for reader in (fd.Scalar(), fd.Map(fd.Scalar()) >> fd.Sum()):
+        c = fd.Composition()
+        with c.scope():
+            c.output.reads(fd.Function(jnp.add).reads(reader, c.input))
+        with pytest.raises(TypeError, match=r"in Composition reads nothing, but it takes PyObjectType\(\): wire its "
+                                            r"input with \.reads\(\)"):
+            fd.Compiler.create(fd.Scalar() >> c)
+    # A block that takes no input may read nothing.
+    c = fd.Composition()
+    with c.scope():
+        c.output.reads(fd.Function(jnp.add).reads(fd.FromTensor(np.float32(1.0)), c.input))
+    assert float((fd.Scalar() >> c).eval(2.0)) == 3.0
+
+
 def test_double_connection_is_value_error():
     c = fd.Composition()
     with c.scope():
