@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
 from fold.blocks.base import Block
 from fold.blocks.host import HostContext
 from fold.errors import LeafError
@@ -18,6 +20,10 @@ __all__ = ["walk", "InputError"]
 
 # Exceptions rebuilt with the example and path in their message (others get a note).
 _NATURAL = (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError)
+
+# What reading a traced value as data raises: the examples were given to a function under jit.
+_TRACED = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+           jax.errors.TracerIntegerConversionError)
 
 
 class InputError:
@@ -46,7 +52,10 @@ def _rewrap(e: BaseException, stack: list, block: Block, where: str) -> BaseExce
         parts[PATH_ENDS:-PATH_ENDS] = [f"... {len(parts) - 2 * PATH_ENDS} blocks ..."]
     path = " > ".join(parts)
     msg = f"{where}: at {path}: {_message(e)}"
-    cls = type(e)
+    if isinstance(e, _TRACED):
+        msg = (f"{where}: at {path}: the example holds a traced JAX value, not data: batches are built on the "
+               "host, so build them outside jax.jit (or grad, vmap, ...) and pass the batch in")
+    cls = TypeError if isinstance(e, _TRACED) else type(e)
     if isinstance(e, IndexError):
         cls = KeyError
     try:

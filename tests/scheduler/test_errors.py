@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -226,3 +227,14 @@ def test_an_overflow_in_a_host_function_names_the_example_in_its_message():
     compiler = fd.Compiler.create(fd.InputTransform(lambda x: float(10 ** x)) >> fd.Scalar())
     with pytest.raises(OverflowError, match=r"^example 1: at InputTransform"):
         compiler.build_batch([1, 400])
+
+
+def test_building_a_batch_under_jit_says_to_build_it_outside():
+    # Examples traced by jit once raised JAX's TracerArrayConversionError, example and path only in a note.
+    compiler = fd.Compiler.create(fd.Map(fd.Vector(2)) >> fd.Sum())
+    with pytest.raises(TypeError, match=r"^example 0: at Map\[0\] > Vector: the example holds a traced JAX value, "
+                                        r"not data: batches are built on the host, so build them outside jax.jit"):
+        jax.jit(lambda examples: compiler.build_batch(examples).arrays)([[[1.0, 2.0]], [[3.0, 4.0]]])
+    with pytest.raises(TypeError, match=r"^example 1: at Scalar: the example holds a traced JAX value"):
+        block = fd.GetItem(0) >> fd.Scalar("int32")
+        jax.jit(lambda x: fd.Compiler.create(block).build_batch([(1,), (x,)]).arrays)(jnp.int32(3))
