@@ -256,10 +256,16 @@ class Emitter:
         self.line(f"def {name}(x, depth):")
         with self.nested():
             if check_depth:
-                # Deeper than the plan recurses, or near the limit: the walk goes on, or raises.
-                self.line(f"if depth > {min(MAX_PLAN_DEPTH, self.program.limits.max_recursion - 1)}:")
+                # Deeper than the plan recurses, near the recursion limit or past the node limit (an
+                # input that shares sub-objects can unfold into exponentially many calls at a small
+                # depth): the walk goes on, or raises.
+                self.line(f"if depth > {min(MAX_PLAN_DEPTH, self.program.limits.max_recursion - 1)} or "
+                          "len(n_op) > node_limit:")
                 with self.nested():
                     self.line("raise _TooDeep")
+            else:
+                self.line("nonlocal node_limit")
+                self.line(f"node_limit = len(n_op) + {self.program.limits.max_nodes}")
             self.line(f"return {self.emit(block, 'x')}")
         self._functions.append(self._lines)
         self._lines, self._indent = saved
@@ -317,7 +323,7 @@ class Emitter:
         """The module: ``_make(ctx)`` returns ``(run, callers, constant makers, release)`` bound to
         one builder; ``release()`` ends that binding."""
         self._function("run", root, check_depth=False)
-        out = ["def _make(ctx):"]
+        out = ["def _make(ctx):", "    node_limit = 0"]
         for field in ("v_depth", "n_op", "n_depth", "n_first", "n_inputs", "consts", "const_vids"):
             out.append(f"    {field} = ctx.{field}")
         for i, name in enumerate(self._metrics):

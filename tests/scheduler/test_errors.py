@@ -165,6 +165,29 @@ def test_an_example_past_the_node_limit_is_named_by_its_dataset_index():
         fd.Compiler.create(decl(), max_example_nodes=50).build_batch([[1.0]])
 
 
+def test_an_input_that_shares_sub_objects_stops_at_the_node_limit_as_it_unfolds():
+    # Each level holds the level below twice: 2**18 leaves at depth 18, far below the recursion limit.
+    # The host plan once counted nodes only after an example, so a depth of 50 ran forever.
+    seen = [0]
+
+    def is_pair(x):
+        seen[0] += 1
+        return isinstance(x, list)
+
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    decl.resolve_to(fd.OneOf(is_pair, {False: fd.Scalar(), True: fd.Map(decl()) >> fd.Sum()}))
+    compiler = fd.Compiler.create(decl(), max_example_nodes=1000)
+    shared = 1.0
+    for _ in range(18):
+        shared = [shared, shared]
+    with pytest.raises(ValueError, match="example 0: at OneOf > Map.*makes more than 1,000 operation calls"):
+        compiler.build_batch([shared])
+    assert seen[0] < 10_000  # the plan and then the walk each stopped near 1,000 calls
+    pair = [1.0, 2.0]
+    batch = compiler.build_batch([[pair, pair]])  # a small shared input is fine
+    assert compiler.apply(compiler.init(jax.random.key(0)), batch).outputs.tolist() == [6.0]
+
+
 @pytest.mark.parametrize("option", ["max_example_nodes", "max_recursion"])
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "10"])
 def test_limits_must_be_positive_ints(option, value):
