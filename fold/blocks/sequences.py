@@ -6,6 +6,7 @@ PyObject that is iterable (each element a PyObject).
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ def _element_type(block: Block, t: Type) -> Type:
     raise TypeError(f"{block!r} takes a sequence or a non-empty tuple, not {t}")
 
 
-def _as_list(block: Block, x: Any) -> list:
+def _as_list(block: Block, x: Any, ctx: HostContext) -> list:
     if isinstance(x, list):
         return x
     if isinstance(x, Repeat):
@@ -62,10 +63,18 @@ def _as_list(block: Block, x: Any) -> list:
         hint = " (for its values or items, put GetItem or InputTransform(lambda d: list(d.items())) before it)" \
             if isinstance(x, dict) else " (its order varies between runs: give a list, e.g. sorted(...))"
         raise TypeError(f"{block!r} expected a sequence, got a {type(x).__name__}{hint}")
+    # An iterator may never end: read at most as many items as an example may have operation calls.
+    limit = ctx.program.limits.max_nodes
     try:
-        return list(x)
+        if hasattr(x, "__len__"):
+            return list(x)
+        items = list(itertools.islice(x, limit + 1))
     except TypeError:
         raise TypeError(f"{block!r} expected a sequence, got {type(x).__name__}") from None
+    if len(items) > limit:
+        raise ValueError(f"{block!r} read more than {limit:,} items from a {type(x).__name__} (an endless iterator?): "
+                         "raise the limit with Compiler.create(max_example_nodes=...) if it is meant to be this long")
+    return items
 
 
 def _finite(block: Block, t: Type) -> None:
@@ -120,10 +129,10 @@ class Map(Block):
         out = []
         elem = self.element_block
         if elem._leaf:
-            for i, v in enumerate(_as_list(self, x)):
+            for i, v in enumerate(_as_list(self, x, ctx)):
                 out.append(run_leaf(elem, v, ctx, ("Map[{}]", i)))
             return out
-        for i, v in enumerate(_as_list(self, x)):
+        for i, v in enumerate(_as_list(self, x, ctx)):
             out.append((yield elem, v, ("Map[{}]", i)))
         return out
 
@@ -165,7 +174,7 @@ class Fold(Block):
                        "input", "(accumulator, element)")
 
     def _host(self, x: Any, ctx: HostContext):
-        xs = _as_list(self, x)
+        xs = _as_list(self, x, ctx)
         acc = yield self.start_block, None, "Fold[start]"
         for i, v in enumerate(xs):
             acc = yield self.combine_block, (acc, v), f"Fold[{i}]"
@@ -263,7 +272,7 @@ class RNN(Block):
             seq = x
             state = yield self.initial_state, None, "RNN[initial_state]"
         outs = []
-        for i, v in enumerate(_as_list(self, seq)):
+        for i, v in enumerate(_as_list(self, seq, ctx)):
             out, state = yield self.cell, (v, state), f"RNN[{i}]"
             outs.append(out)
         return outs, state
@@ -311,7 +320,7 @@ class Reduce(Block):
         return (yield self.combine_block, (left, right), "Reduce")
 
     def _host(self, x: Any, ctx: HostContext):
-        xs = _as_list(self, x)
+        xs = _as_list(self, x, ctx)
         if not xs:
             return (yield self.default_block, None, "Reduce[default]")
         return (yield from self._reduce(xs))
@@ -422,7 +431,7 @@ class Zip(Block):
     def _host_leaf(self, x: Any, ctx: HostContext) -> list | Repeat:
         if not isinstance(x, (tuple, list)):
             raise TypeError(f"{self!r} expected a tuple of sequences, got {type(x).__name__}")
-        seqs = [s if isinstance(s, Repeat) else _as_list(self, s) for s in x]
+        seqs = [s if isinstance(s, Repeat) else _as_list(self, s, ctx) for s in x]
         lengths = [len(s) for s in seqs if not isinstance(s, Repeat)]
         if not lengths:  # every input repeats: so does the result
             return Repeat(tuple(s.value for s in seqs if isinstance(s, Repeat)))
@@ -458,7 +467,7 @@ class NGrams(Block):
     def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         if isinstance(x, Repeat):
             return Repeat(tuple([x.value] * self.n))
-        xs = _as_list(self, x)
+        xs = _as_list(self, x, ctx)
         return [tuple(xs[i:i + self.n]) for i in range(len(xs) - self.n + 1)]
 
 
@@ -480,7 +489,7 @@ class Nth(Block):
 
     def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         seq, n = x
-        xs = _as_list(self, seq)
+        xs = _as_list(self, seq, ctx)
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"{self!r} needs an int index, got {n!r}")
         if not -len(xs) <= n < len(xs):
@@ -503,6 +512,6 @@ class Length(Block):
         _finite(self, t)
 
     def _host_leaf(self, x: Any, ctx: HostContext) -> int:
-        n = len(x) if isinstance(x, (list, tuple)) else len(_as_list(self, x))
+        n = len(x) if isinstance(x, (list, tuple)) else len(_as_list(self, x, ctx))
         return ctx.const(self._ttype, to_array(n, self._ttype))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -186,6 +188,19 @@ def test_an_input_that_shares_sub_objects_stops_at_the_node_limit_as_it_unfolds(
     pair = [1.0, 2.0]
     batch = compiler.build_batch([[pair, pair]])  # a small shared input is fine
     assert compiler.apply(compiler.init(jax.random.key(0)), batch).outputs.tolist() == [6.0]
+
+
+@pytest.mark.parametrize("block, expected", [(fd.Map(fd.Scalar()) >> fd.Sum(), [1000.0, 3.0]),
+                                             (fd.Length(), [1000.0, 2.0])])
+def test_an_endless_iterator_in_an_example_is_an_error_not_a_hang(block, expected):
+    # list() of it once ran until memory ran out.
+    compiler = fd.Compiler.create(block, max_example_nodes=1000)
+    with pytest.raises(ValueError, match=r"example 1: at \w+: \w+ read more than 1,000 items from a count \(an "
+                                         r"endless iterator\?\): raise the limit with Compiler.create"):
+        compiler.build_batch([iter([1.0, 2.0]), itertools.count()])
+    # A finite iterator of up to the limit is read whole.
+    outputs = compiler.apply({}, compiler.build_batch([iter([1.0] * 1000), (x for x in [1.0, 2.0])])).outputs
+    assert outputs.tolist() == expected
 
 
 @pytest.mark.parametrize("option", ["max_example_nodes", "max_recursion"])
