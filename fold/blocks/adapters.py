@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fold.blocks.layers import Layer
+from fold.blocks.layers import Layer, takes_key
 from fold.blocks.types import TensorType, TupleType, Type
 
 __all__ = ["PureLayer", "EquinoxLayer", "FlaxLinenLayer", "FlaxNNXLayer", "flax_layer", "holds_arrays"]
@@ -53,17 +53,22 @@ class PureLayer(Layer):
             raise TypeError(f"Layer.from_pure needs two callables (init, apply), got {init!r} and {apply!r}")
         super().__init__(name, trainable)
         self._init, self._apply = init, apply
+        self.stochastic = takes_key(apply)  # as a Layer subclass's own apply would say
 
     def init(self, key: jax.Array, input_type: Type) -> Any:
         return self._init(key, input_type)
 
-    def apply(self, params: Any, *inputs: Any) -> Any:
-        return self._apply(params, *inputs)
+    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
+        return self._apply(params, *inputs, key=key) if self.stochastic else self._apply(params, *inputs)
 
 
 class EquinoxLayer(Layer):
     """An Equinox module as a layer: its floating-point arrays are the parameters, and it runs on
-    each row (``jax.vmap``), as Equinox modules take one example."""
+    each row (``jax.vmap``), as Equinox modules take one example.
+
+    A module whose ``__call__`` takes ``key=`` (one with ``eqx.nn.Dropout``, say) is stochastic:
+    with a key each row gets its own (split from the call's), and without one it runs in
+    ``eqx.nn.inference_mode``."""
 
     def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
         import equinox as eqx
@@ -72,15 +77,22 @@ class EquinoxLayer(Layer):
         self._params, self._static = eqx.partition(module, eqx.is_inexact_array)
         if not jax.tree_util.tree_leaves(self._params):
             raise ValueError(f"{type(module).__name__} has no floating-point arrays to train; use fd.Function")
+        self.stochastic = takes_key(type(module).__call__)
 
     def init(self, key: jax.Array, input_type: Type) -> Any:
         _probe_inputs(input_type)
         return self._params
 
-    def apply(self, params: Any, *inputs: Any) -> Any:
+    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
         import equinox as eqx
 
-        return jax.vmap(eqx.combine(params, self._static))(*inputs)
+        module = eqx.combine(params, self._static)
+        if not self.stochastic:
+            return jax.vmap(module)(*inputs)
+        if key is None:
+            return jax.vmap(eqx.nn.inference_mode(module))(*inputs)
+        keys = jax.random.split(key, inputs[0].shape[0])
+        return jax.vmap(lambda k, *xs: module(*xs, key=k))(keys, *inputs)
 
 
 class FlaxLinenLayer(Layer):

@@ -19,7 +19,6 @@ Examples:
 from __future__ import annotations
 
 import abc
-import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -31,7 +30,7 @@ import numpy as np
 
 from fold.blocks.types import TensorType, TupleType, Type, dtype_kind
 
-__all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case", "vector_size"]
+__all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case", "takes_key", "vector_size"]
 
 
 def snake_case(name: str) -> str:
@@ -40,8 +39,7 @@ def snake_case(name: str) -> str:
     return s.lower()
 
 
-@functools.cache
-def _takes_key(apply: Callable) -> bool:
+def takes_key(apply: Callable) -> bool:
     """Whether ``apply`` has a ``key`` parameter that can be passed as ``key=`` beside the inputs:
     keyword-only, or with a default (a positional ``key`` without one is an input, such as an
     attention layer's keys)."""
@@ -109,7 +107,7 @@ class Layer(abc.ABC):
 
     def _apply_keyed(self, params: Any, *inputs: Any, key: jax.Array | None) -> Any:
         """``apply``, passing ``key`` only to stochastic layers."""
-        stochastic = _takes_key(type(self).apply) if self.stochastic is None else self.stochastic
+        stochastic = takes_key(type(self).apply) if self.stochastic is None else self.stochastic
         return self.apply(params, *inputs, key=key) if stochastic else self.apply(params, *inputs)  # type: ignore[call-arg]
 
     def check_constant_inputs(self, *inputs: np.ndarray) -> None:  # noqa: B027 (optional hook)

@@ -44,6 +44,29 @@ def _check_against(compiler: fd.Compiler, params: dict, reference) -> None:
     ref_grads = jax.grad(lambda p: sum(jnp.sin(reference(p, t)) for t in TREES))(params)
     for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    _check_directional_derivative(loss, params, grads)
+    # Parameters round-trip through a checkpoint (pickled host arrays) unchanged.
+    restored = pickle.loads(pickle.dumps(jax.device_get(params)))
+    np.testing.assert_array_equal(compiler.apply(restored, batch).outputs, compiler.apply(params, batch).outputs)
+
+
+def _check_stochastic(compiler: fd.Compiler, params: dict) -> None:
+    """With a key the outputs change and depend only on the key, and the gradient agrees with a
+    central finite difference (the backward pass draws what the forward pass drew)."""
+    batch = compiler.build_batch(TREES)
+    key = jax.random.key(3)
+
+    def loss(p):
+        return jnp.sum(jnp.sin(compiler.apply(p, batch, key).outputs))
+
+    drawn = compiler.apply(params, batch, key).outputs
+    assert not np.allclose(drawn, compiler.apply(params, batch).outputs)
+    np.testing.assert_array_equal(drawn, compiler.apply(params, batch, key).outputs)
+    _check_directional_derivative(loss, params, jax.grad(loss)(params))
+
+
+def _check_directional_derivative(loss, params: dict, grads: dict) -> None:
+    """``grads`` agrees with a central finite difference of ``loss`` along a random direction."""
     leaves, tree = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(jax.random.key(7), len(leaves))
     direction = tree.unflatten([jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
@@ -53,9 +76,6 @@ def _check_against(compiler: fd.Compiler, params: dict, reference) -> None:
     flat_grads, flat_direction = jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(direction)
     analytic = sum(jnp.vdot(g, d) for g, d in zip(flat_grads, flat_direction))
     np.testing.assert_allclose(numeric, analytic, rtol=2e-2, atol=2e-3)
-    # Parameters round-trip through a checkpoint (pickled host arrays) unchanged.
-    restored = pickle.loads(pickle.dumps(jax.device_get(params)))
-    np.testing.assert_array_equal(compiler.apply(restored, batch).outputs, compiler.apply(params, batch).outputs)
 
 
 def _walk(tree, leaf_fn, cell_fn):
@@ -79,6 +99,39 @@ def test_an_equinox_mlp_as_the_cell_of_a_tree_rnn():
         return _walk(t, rebuild(leaf, p["leaf"]), rebuild(cell, p["cell"])).sum()
 
     _check_against(compiler, params, reference)
+
+
+class _DropoutMLP(eqx.Module):
+    """An MLP with dropout on its hidden layer: its ``__call__`` takes ``key=``, as Equinox's do."""
+
+    first: eqx.nn.Linear
+    second: eqx.nn.Linear
+    dropout: eqx.nn.Dropout
+
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.first, self.second = eqx.nn.Linear(8, 16, key=k1), eqx.nn.Linear(16, 4, key=k2)
+        self.dropout = eqx.nn.Dropout(0.5)
+
+    def __call__(self, x, *, key=None):
+        return jnp.tanh(self.second(self.dropout(jnp.tanh(self.first(x)), key=key)))
+
+
+def test_an_equinox_module_with_dropout_draws_with_a_key_and_is_in_inference_mode_without():
+    # It once failed at create: "Dropout requires a key when running in non-deterministic mode".
+    cell = _DropoutMLP(jax.random.key(1))
+    leaf = eqx.nn.Linear(2, 4, key=jax.random.key(2))
+    compiler = fd.Compiler.create(_tree_rnn(fd.Layer.from_equinox(cell, name="cell"),
+                                            fd.Layer.from_equinox(leaf, name="leaf")))
+    params = compiler.init(jax.random.key(0))
+
+    def reference(p, t):
+        def rebuild(module, arrays):
+            return eqx.combine(arrays, eqx.filter(module, eqx.is_inexact_array, inverse=True))
+        return _walk(t, rebuild(leaf, p["leaf"]), eqx.nn.inference_mode(rebuild(cell, p["cell"]))).sum()
+
+    _check_against(compiler, params, reference)
+    _check_stochastic(compiler, params)
 
 
 def test_a_flax_nnx_mlp_as_the_cell_of_a_tree_rnn():
@@ -133,6 +186,23 @@ def test_a_pure_pair_is_a_layer():
                    lambda p, t: _walk(t, lambda x: x @ p["leaf"]["w"], lambda x: jnp.tanh(x @ p["cell"]["w"])).sum())
     with pytest.raises(TypeError, match="two callables"):
         fd.Layer.from_pure(init, None)
+
+
+def test_a_pure_pair_whose_apply_takes_a_key_draws_with_it():
+    # Its key was once never passed: the layer ran deterministically whatever apply got.
+    def init(key, input_type):
+        return {"w": jax.random.normal(key, (input_type.shape[0], 4)) * 0.5}
+
+    def noisy(p, x, *, key=None):
+        h = jnp.tanh(x @ p["w"])
+        return h if key is None else h * jax.random.bernoulli(key, 0.5, h.shape) * 2.0
+
+    compiler = fd.Compiler.create(_tree_rnn(fd.Layer.from_pure(init, noisy, name="cell"),
+                                            fd.Layer.from_pure(init, lambda p, x: x @ p["w"], name="leaf")))
+    params = compiler.init(jax.random.key(0))
+    _check_against(compiler, params,
+                   lambda p, t: _walk(t, lambda x: x @ p["leaf"]["w"], lambda x: jnp.tanh(x @ p["cell"]["w"])).sum())
+    _check_stochastic(compiler, params)
 
 
 @pytest.mark.parametrize("make", [
