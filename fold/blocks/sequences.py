@@ -63,11 +63,11 @@ def _as_list(block: Block, x: Any, ctx: HostContext) -> list:
         hint = " (for its values or items, put GetItem or InputTransform(lambda d: list(d.items())) before it)" \
             if isinstance(x, dict) else " (its order varies between runs: give a list, e.g. sorted(...))"
         raise TypeError(f"{block!r} expected a sequence, got a {type(x).__name__}{hint}")
-    # An iterator may never end: read at most as many items as an example may have operation calls.
     limit = ctx.program.limits.max_nodes
     try:
         if hasattr(x, "__len__"):
             return list(x)
+        # An iterator may never end: read at most as many items as an example may have operation calls.
         items = list(itertools.islice(x, limit + 1))
     except TypeError:
         raise TypeError(f"{block!r} expected a sequence, got {type(x).__name__}") from None

@@ -51,11 +51,12 @@ def _rewrap(e: BaseException, stack: list, block: Block, where: str) -> BaseExce
     if len(parts) > 2 * PATH_ENDS:  # a deep recursion: its start and where it failed say enough
         parts[PATH_ENDS:-PATH_ENDS] = [f"... {len(parts) - 2 * PATH_ENDS} blocks ..."]
     path = " > ".join(parts)
-    msg = f"{where}: at {path}: {_message(e)}"
+    cls: type = type(e)
+    message = _message(e)
     if isinstance(e, _TRACED):
-        msg = (f"{where}: at {path}: the example holds a traced JAX value, not data: batches are built on the "
-               "host, so build them outside jax.jit (or grad, vmap, ...) and pass the batch in")
-    cls = TypeError if isinstance(e, _TRACED) else type(e)
+        cls, message = TypeError, ("the example holds a traced JAX value, not data: batches are built on the host, "
+                                   "so build them outside jax.jit (or grad, vmap, ...) and pass the batch in")
+    msg = f"{where}: at {path}: {message}"
     if isinstance(e, IndexError):
         cls = KeyError
     try:
