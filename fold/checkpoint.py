@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import pathlib
 import tempfile
+import zipfile
 from typing import Any
 
 import jax
@@ -86,21 +87,33 @@ def load_checkpoint(path: str | os.PathLike, like: Any) -> Any:
 
     Raises:
       KeyError: the file lacks an entry ``like`` has, or has one ``like`` lacks.
-      ValueError: an entry's shape or dtype differs from ``like``'s.
+      ValueError: an entry's shape or dtype differs from ``like``'s, or ``path`` is not a
+        checkpoint (another format, or a truncated file).
+      FileNotFoundError: there is no file at ``path``.
     """
-    with np.load(path, allow_pickle=False) as stored:
-        files = dict(_stored_entry(k, stored[k]) for k in stored.files)
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            files = dict(_stored_entry(k, stored[k]) for k in stored.files)
+    except (ValueError, zipfile.BadZipFile, EOFError) as e:  # OSErrors (no file) name the path already
+        raise ValueError(f"{path} is not a checkpoint that save_checkpoint wrote (truncated, or another "
+                         f"format): {e}") from None
     entries = _entries(like)
     missing = [k for k, _ in entries if k not in files]
     extra = sorted(set(files) - {k for k, _ in entries})
     if missing or extra:
         raise KeyError(f"{path} does not match the template: missing {', '.join(missing) or 'nothing'}; "
-                       f"unexpected {', '.join(extra) or 'nothing'} (saved from a model with other layer names?)")
+                       f"unexpected {', '.join(extra) or 'nothing'} (saved from a model with other layer names, or "
+                       "with another optimizer?)")
     leaves = []
     for key, template in entries:
         is_key, value = files[key]
+        template_is_key = isinstance(template, jax.Array) and jax.dtypes.issubdtype(template.dtype,
+                                                                                      jax.dtypes.prng_key)
+        if is_key != template_is_key:
+            raise ValueError(f"{path}: {key} is {'a' if is_key else 'not a'} PRNG key, the template's "
+                             f"{'is' if template_is_key else 'is not'}")
         if is_key:
-            leaves.append(jax.random.wrap_key_data(jax.numpy.asarray(value)))
+            leaves.append(jax.random.wrap_key_data(jax.numpy.asarray(value), impl=jax.random.key_impl(template)))
             continue
         want = np.asarray(template)
         if value.shape != want.shape or value.dtype != want.dtype:

@@ -16,7 +16,8 @@ marks and carries them between its layers:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,23 @@ class InvalidConstant(Exception):
     def __init__(self, error: Exception):
         super().__init__(str(error))
         self.error = error
+
+
+def check_examples(examples: Any, where: str) -> Any:
+    """``examples`` if it can be a collection of examples for ``where`` (``"build_batch"``, ...):
+    an iterable, but not a string, bytes, a dict or a set, whose iteration gives characters,
+    keys or an order of its own: a batch of those would hold other examples than the caller
+    meant, or in an order the caller cannot map back. Else TypeError."""
+    if isinstance(examples, (str, bytes, Mapping, AbstractSet)):
+        kind = type(examples).__name__
+        hint = ("; pass list(d.values()) for its values, or [d] for one example" if isinstance(examples, Mapping)
+                else "; for one example, pass [example]" if isinstance(examples, (str, bytes))
+                else "; pass a list (a set has no order to match the outputs to)")
+        raise TypeError(f"{where} takes a list or iterable of examples, got a {kind}{hint}")
+    if not isinstance(examples, Iterable):
+        raise TypeError(f"{where} takes a list or iterable of examples, got {type(examples).__name__} "
+                        f"{examples!r}; for one example, pass [example]")
+    return examples
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:

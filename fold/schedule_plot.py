@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fold.compiler.compiler import Compiler
+from fold.errors import check_examples
 from fold.scheduler.builder import run_examples
 from fold.scheduler.schedule import GroupProfile, profile
 
@@ -27,7 +28,7 @@ def schedule_profile(compiler: Compiler, examples: Iterable[Any]) -> tuple[list[
       ``([GroupProfile(stage, depth, op, rows, computed), ...], C)``; ``op`` indexes
       ``compiler.program.ops``.
     """
-    examples = list(examples)
+    examples = list(check_examples(examples, "schedule_profile"))
     chunk = compiler.build_batch(examples, exact_layout=True).layout.chunk
     builder, _ = run_examples(compiler.program, examples)
     return profile(compiler.program, builder.arrays(), chunk), chunk
@@ -51,7 +52,7 @@ def plot_schedule(compiler: Compiler, examples: Iterable[Any], ax: Any = None) -
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise ImportError("fd.plot_schedule needs matplotlib: pip install matplotlib") from e
-    examples = list(examples)
+    examples = list(check_examples(examples, "plot_schedule"))
     groups, chunk = schedule_profile(compiler, examples)
     own_figure = ax is None
     if own_figure:

@@ -58,7 +58,7 @@ import optax
 from fold.checkpoint import load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import Result
-from fold.errors import check_int
+from fold.errors import check_examples, check_int
 from fold.scheduler.batch import Batch
 from fold.scheduler.records import RecordedExamples
 
@@ -162,6 +162,8 @@ class Trainer:
                                  "fd.Function(jnp.sum) before the Metric) or pass loss=a function of the Result")
         elif not callable(loss):
             raise TypeError(f"loss must be a metric name or a function of the Result, got {loss!r}")
+        if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+            raise TypeError(f"Trainer takes an optax optimizer (e.g. optax.adam(1e-3)), got {optimizer!r}")
         batch_size = check_int("batch_size", batch_size, 1)
         eval_batch_size = check_int("eval_batch_size", eval_batch_size, 1)
         num_workers = check_int("num_workers", num_workers, 0)
@@ -265,9 +267,10 @@ class Trainer:
         if monitor is None and dev is not None and isinstance(self.loss, str):
             monitor = f"dev_{self.loss}"
 
-        recorded = train if isinstance(train, RecordedExamples) else self.compiler.record(train, progress=self.progress)
+        recorded = (train if isinstance(train, RecordedExamples)
+                    else self.compiler.record(check_examples(train, "fit"), progress=self.progress))
         dev_data = (dev if dev is None or isinstance(dev, RecordedExamples)
-                    else self.compiler.record(dev, progress=self.progress))
+                    else self.compiler.record(check_examples(dev, "fit(dev=)"), progress=self.progress))
         per_epoch = _steps_per_epoch(len(recorded), self.batch_size, drop_remainder)
         directory = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
         run = _Run(self.init(params), None, [], directory, _writer(log_dir))
@@ -394,7 +397,10 @@ class Trainer:
                     writer.add_scalar(k.replace("dev_", "dev/", 1), v, record["step"])
 
     # ------------------------------------------------------------- eval, infer
-    def _eval_batches(self, data: Iterable[Any] | RecordedExamples, batch_size: int | None) -> Iterator[Batch]:
+    def _eval_batches(self, data: Iterable[Any] | RecordedExamples, batch_size: int | None,
+                      where: str) -> Iterator[Batch]:
+        if not isinstance(data, RecordedExamples):
+            check_examples(data, where)
         return self.compiler.batches(data, batch_size or self.eval_batch_size, num_workers=self.num_workers)
 
     def evaluate(self, params: Any, data: Iterable[Any] | RecordedExamples, per_example: bool = False,
@@ -415,7 +421,7 @@ class Trainer:
         sums: dict[str, Any] = {}
         counts: dict[str, Any] = {}
         n = 0
-        for batch in self._eval_batches(data, batch_size):
+        for batch in self._eval_batches(data, batch_size, "evaluate"):
             n += batch.layout.num_examples
             for name, m in self.compiler.apply(params, batch).metrics.items():
                 mask = np.asarray(m.mask)
@@ -443,7 +449,7 @@ class Trainer:
         """The model's outputs for every example of ``data``, in order (NumPy; a tuple output gives
         a tuple of arrays)."""
         parts = [jax.tree.map(np.asarray, self.compiler.apply(params, b).outputs)
-                 for b in self._eval_batches(data, batch_size)]
+                 for b in self._eval_batches(data, batch_size, "predict")]
         if not parts:
             raise ValueError("predict got no examples")
         return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)

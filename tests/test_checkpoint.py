@@ -81,7 +81,7 @@ def test_mismatches_are_named(tmp_path):
         fd.load_checkpoint(path, other.init(jax.random.key(0)))
     assert raised.value.args[0].endswith("does not match the template: missing ['renamed']['b'], ['renamed']['w']; "
                                          "unexpected ['dense']['b'], ['dense']['w'] (saved from a model with other "
-                                         "layer names?)")
+                                         "layer names, or with another optimizer?)")
     wider = fd.Compiler.create(fd.Map(fd.Vector(3) >> fd.FC(4, name="dense")) >> fd.Sum() >> fd.FC(1, name="out"))
     with pytest.raises(ValueError, match=r"\['dense'\]\['w'\] has shape \(2, 4\).*template \(3, 4\)"):
         fd.load_checkpoint(path, wider.init(jax.random.key(0)))
@@ -106,3 +106,34 @@ def test_jax_dtypes_round_trip(tmp_path):
     with pytest.raises(ValueError, match=r"\['w'\] has shape \(2, 2\) and dtype bfloat16, the template \(2, 2\) "
                                          r"and float32"):
         fd.load_checkpoint(path, dict(tree, w=jnp.zeros((2, 2), jnp.float32)))
+
+
+def test_a_file_that_is_no_checkpoint_is_a_value_error_naming_it(tmp_path):
+    """A truncated file raised zipfile's BadZipFile and another file NumPy's advice to unpickle
+    it, neither naming the file."""
+    params = {"w": jnp.ones((2, 3))}
+    fd.save_checkpoint(tmp_path / "p.npz", params)
+    whole = (tmp_path / "p.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.npz").write_bytes(b"not a checkpoint")
+    for name in ("cut.npz", "text.npz"):
+        with pytest.raises(ValueError, match=f"{name} is not a checkpoint that save_checkpoint wrote"):
+            fd.load_checkpoint(tmp_path / name, params)
+    with pytest.raises(FileNotFoundError):
+        fd.load_checkpoint(tmp_path / "missing.npz", params)
+
+
+def test_prng_keys_keep_their_implementation(tmp_path):
+    """A saved rbg key was rewrapped as the default implementation's: its four words became an
+    array of two threefry keys. A key where the template has none (or the reverse) is refused."""
+    path = tmp_path / "k.npz"
+    key = jax.random.key(3, impl="rbg")
+    fd.save_checkpoint(path, {"k": key})
+    restored = fd.load_checkpoint(path, {"k": jax.random.key(0, impl="rbg")})["k"]
+    assert restored.shape == () and jax.random.key_impl(restored) == jax.random.key_impl(key)
+    np.testing.assert_array_equal(jax.random.key_data(restored), jax.random.key_data(key))
+    with pytest.raises(ValueError, match=r"\['k'\] is a PRNG key, the template's is not"):
+        fd.load_checkpoint(path, {"k": jnp.zeros(4, jnp.uint32)})
+    fd.save_checkpoint(path, {"k": jnp.zeros(2, jnp.uint32)})
+    with pytest.raises(ValueError, match=r"\['k'\] is not a PRNG key, the template's is"):
+        fd.load_checkpoint(path, {"k": jax.random.key(0)})

@@ -200,6 +200,8 @@ def test_bad_arguments_are_refused():
         fd.Trainer(compiler, optax.sgd(0.1), batch_size=0)
     with pytest.raises(ValueError, match="eval_batch_size must be an int >= 1, got 2.5"):
         fd.Trainer(compiler, optax.sgd(0.1), eval_batch_size=2.5)
+    with pytest.raises(TypeError, match="Trainer takes an optax optimizer .* got 'adam'"):
+        fd.Trainer(compiler, "adam")  # was accepted, then an AttributeError in fit
     t = fd.Trainer(compiler, optax.sgd(0.1), batch_size=BATCH, progress=False)
     with pytest.raises(ValueError, match="resume=True needs the checkpoint_dir"):
         t.fit(data(), epochs=1, resume=True)
@@ -213,6 +215,15 @@ def test_bad_arguments_are_refused():
         t.fit(data(), epochs=1, dev=data(4), monitor="dev_accuracy")
     with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
         t.fit(data(), epochs=1, dev=data(4), mode="best")
+    by_id = dict(enumerate(data()))
+    with pytest.raises(TypeError, match=r"fit takes a list or iterable of examples, got a dict; pass list\(d.values"):
+        t.fit(by_id, epochs=1)
+    with pytest.raises(TypeError, match=r"fit\(dev=\) takes a list or iterable of examples, got a dict"):
+        t.fit(data(), epochs=1, dev=by_id)
+    params = t.init().params
+    for method in (t.evaluate, t.predict):
+        with pytest.raises(TypeError, match=f"{method.__name__} takes a list or iterable of examples, got a set"):
+            method(params, set(by_id))
 
 
 def test_a_loss_function_of_the_result():

@@ -283,12 +283,19 @@ class Slice(Block):
                  step: int | None = None, name: str | None = None):
         if args:
             raise TypeError("Slice takes keyword arguments only: Slice(start=, stop=, step=)")
+        if step == 0:  # Python raises this only when the first example is sliced
+            raise ValueError("Slice step cannot be zero")
         self.key = slice(start, stop, step)
         super().__init__(name)
 
     def _check_input(self, t: Type) -> None:
         if isinstance(t, BroadcastSequenceType) or not isinstance(t, (SequenceType, TupleType, PyObjectType)):
             raise TypeError(f"{self!r} cannot slice {t}")
+        if not isinstance(t, PyObjectType):  # a PyObject may take other keys (labels, dates)
+            for bound in (self.key.start, self.key.stop, self.key.step):
+                if bound is not None and not hasattr(type(bound), "__index__"):
+                    raise TypeError(f"{self!r} slices {t} by position: start, stop and step must be ints or "
+                                    f"None, got {bound!r}")
 
     def _infer(self) -> None:
         t = self.input_type

@@ -228,7 +228,8 @@ class Function(Block):
 
 
 class Concat(Block):
-    """Concatenates a tuple of tensors along ``concat_dim`` (not counting the batch).
+    """Concatenates a tuple of tensors along ``concat_dim`` (not counting the batch; a negative
+    ``concat_dim`` counts from the last dimension, as in NumPy).
 
     Scalars count as vectors of length 1, as in Fold. With ``flatten=True``
     nested tuples are flattened first; otherwise a nested tuple is a
@@ -263,17 +264,23 @@ class Concat(Block):
             raise TypeError(f"{self!r} got no tensors in {t}")
         leaves = [TensorType((1,), leaf.dtype) if leaf.ndim == 0 else leaf for leaf in leaves]  # scalars as (1,)
         first = leaves[0]
-        d = self.concat_dim
+        d = self._axis(first.ndim)
         for leaf in leaves:
             if leaf.dtype != first.dtype:
                 raise TypeError(f"{self!r} cannot concatenate dtypes {first.dtype} and {leaf.dtype} in {t}")
             if leaf.ndim != first.ndim or not 0 <= d < leaf.ndim:
-                raise TypeError(f"{self!r} cannot concatenate {t} along dimension {d}: ranks differ or are too small")
+                raise TypeError(f"{self!r} cannot concatenate {t} along dimension {self.concat_dim}: ranks "
+                                "differ or are too small")
             if leaf.shape[:d] != first.shape[:d] or leaf.shape[d + 1:] != first.shape[d + 1:]:
-                raise TypeError(f"{self!r} cannot concatenate shapes {[x.shape for x in leaves]} along dimension {d}")
+                raise TypeError(f"{self!r} cannot concatenate shapes {[x.shape for x in leaves]} along dimension "
+                                f"{self.concat_dim}")
         shape = list(first.shape)
         shape[d] = sum(leaf.shape[d] for leaf in leaves)
         return TensorType(shape, first.dtype)
+
+    def _axis(self, ndim: int) -> int:
+        """``concat_dim`` counted from the front (a negative one counts from the back, as in NumPy)."""
+        return self.concat_dim + ndim if self.concat_dim < 0 else self.concat_dim
 
     def _infer(self) -> None:
         if self.input_type is not None and self.output_type is None:
@@ -281,8 +288,8 @@ class Concat(Block):
 
     def op_spec(self) -> OpSpec:
         in_type, out_type = self.input_type, self.output_type
-        assert in_type is not None and out_type is not None
-        axis = self.concat_dim + 1
+        assert in_type is not None and isinstance(out_type, TensorType)
+        axis = self._axis(out_type.ndim) + 1
         scalars = [leaf.ndim == 0 for leaf in in_type.tensor_leaves()]
 
         def run(params: Any, rng: Any, *flat: Any) -> list:

@@ -42,7 +42,7 @@ from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
 from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import CompilerStats, StatsRecorder
-from fold.errors import InvalidConstant, check_int
+from fold.errors import InvalidConstant, check_examples, check_int
 from fold.scheduler.background import IdlePool, build_ahead
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import DEFAULT_LIMITS, BatchBuilder, ExampleChunk, ExampleLimits, gc_paused, run_examples
@@ -346,9 +346,10 @@ class Compiler:
           KeyError, TypeError, ValueError, OverflowError: a malformed
             example, with its index and block path in the message.
           ValueError: no examples, or examples another compiler recorded.
+          TypeError: ``examples`` is a string, dict or set, or not iterable.
         """
         if not isinstance(examples, RecordedExamples):
-            examples = list(examples)
+            examples = list(check_examples(examples, "build_batch"))
         if devices is not None:
             if exact_layout:
                 raise ValueError("exact_layout and devices do not go together: a sharded batch's parts share a layout")
@@ -460,7 +461,7 @@ class Compiler:
         if isinstance(examples, RecordedExamples):  # recorded already (a notebook cell run twice)
             self._check_owner(examples)
             return examples
-        examples = list(examples)
+        examples = list(check_examples(examples, "record"))
         walked: Iterable[Any] = examples
         if progress:
             from tqdm.auto import tqdm
@@ -543,6 +544,7 @@ class Compiler:
 
         Raises:
           ValueError: ``batch_size`` is not an int >= 1, or ``num_workers`` not an int >= 0.
+          TypeError: ``examples`` is a string, dict or set, or not iterable.
           KeyError, TypeError, ValueError, OverflowError: a malformed example,
             as ``build_batch`` raises it, naming its index in ``examples``.
           RuntimeError: a worker process died.
@@ -551,6 +553,8 @@ class Compiler:
         if devices is not None and num_workers:
             raise ValueError("batches(devices=...) builds in the calling process: pass num_workers=0 "
                              "(several processes each build their own share)")
+        if not isinstance(examples, RecordedExamples):
+            check_examples(examples, "batches")
         pieces = self._pieces(examples, batch_size, shuffle, drop_remainder, seed)
         indices: deque[np.ndarray] = deque()
 
@@ -699,7 +703,7 @@ class Compiler:
           FloatingPointError: a value or a gradient is NaN or infinite.
           ValueError: no examples, or ``loss`` returns another shape.
         """
-        examples = list(examples)
+        examples = list(check_examples(examples, "check_numerics"))
         numerics.check_arguments(examples, dataset_indices)
         batch, builder, _ = self._build(examples, keep_host=True, dataset_indices=dataset_indices)
         numerics.check_values(self.program, builder, batch, self._arenas_jit(params, batch), dataset_indices)

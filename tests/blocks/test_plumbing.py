@@ -85,6 +85,24 @@ def test_slice():
         fd.Slice(1)
 
 
+def test_slice_bounds_are_checked_with_the_model_not_the_first_example():
+    """A zero step or a non-int bound of a sequence slice failed only when the first example was
+    sliced, as an error in the data; a PyObject may still be sliced by other keys."""
+    with pytest.raises(ValueError, match="step cannot be zero"):
+        fd.Slice(step=0)
+    with pytest.raises(TypeError, match="must be ints or None, got 'a'"):
+        fd.Map(fd.Scalar()) >> fd.Slice(start="a")
+    with pytest.raises(TypeError, match="must be ints or None"):
+        (fd.Scalar(), fd.Scalar()) >> fd.Slice(stop=1.5)
+
+    class Labelled:
+        def __getitem__(self, key):
+            return float(ord(key.start) - ord("a"))
+
+    assert float((fd.Slice(start="c") >> fd.Scalar()).eval(Labelled())) == 2.0
+    assert [float(v) for v in (fd.Map(fd.Scalar()) >> fd.Slice(start=np.int64(1))).eval([1, 2])] == [2.0]
+
+
 def test_block_used_twice_is_rejected():
     s = fd.Scalar()
     fd.Map(s)

@@ -73,6 +73,20 @@ def test_concat():
     np.testing.assert_array_equal(flat.eval((([1], [2]), [3])), [1, 2, 3])
 
 
+def test_concat_negative_dim_counts_from_the_last_as_in_numpy():
+    """Concat(-1) was a TypeError ("ranks differ or are too small") where jnp.concatenate takes it."""
+    assert ((fd.Tensor((2, 1)), fd.Tensor((2, 2))) >> fd.Concat(-1)).output_type == fd.TensorType((2, 3))
+    assert ((fd.Tensor((2, 3)), fd.Tensor((1, 3))) >> fd.Concat(-2)).output_type == fd.TensorType((3, 3))
+    assert ((fd.Scalar(), fd.Vector(2)) >> fd.Concat(-1)).output_type == fd.TensorType((3,))
+    compiler = fd.Compiler.create(fd.Record((fd.Tensor((2, 3)), fd.Tensor((2, 1)))) >> fd.Concat(-1))
+    rng = np.random.default_rng(0)
+    examples = [(rng.normal(size=(2, 3)), rng.normal(size=(2, 1))) for _ in range(3)]
+    out = compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch(examples)).outputs
+    np.testing.assert_allclose(out, np.stack([np.concatenate(e, axis=-1) for e in examples]), rtol=1e-6)
+    with pytest.raises(TypeError, match="along dimension -3"):
+        (fd.Tensor((2, 1)), fd.Tensor((2, 2))) >> fd.Concat(-3)
+
+
 @pytest.mark.parametrize("inputs, kwargs", [
     ((fd.Vector(2), fd.Tensor((2, 2))), {}),
     ((fd.Vector(2), fd.Vector(2, "int32")), {}),

@@ -115,6 +115,28 @@ def test_apply_refuses_a_batch_built_by_another_compiler():
             run(params, foreign)
 
 
+@pytest.mark.parametrize("examples, message", [
+    ({1.0: "a", 2.0: "b"}, r"got a dict; pass list\(d.values\(\)\) for its values, or \[d\] for one example"),
+    ({2.0, 1.0}, r"got a set; pass a list \(a set has no order"),
+    ("12", r"got a str; for one example, pass \[example\]"),
+    (np.float32(1.0), r"got float32 np.float32\(1.0\); for one example, pass \[example\]"),
+    (None, r"got NoneType None"),
+])
+def test_a_collection_that_is_no_list_of_examples_is_refused(examples, message):
+    """A dict's keys, a set's arbitrary order or a string's characters were built as the batch's
+    examples: outputs of other examples than the caller meant, or in an order it cannot map back."""
+    compiler = fd.Compiler.create(fd.Scalar() >> fd.Function(jnp.sin))
+    calls = {"build_batch": compiler.build_batch, "record": compiler.record,
+             "batches": lambda x: next(compiler.batches(x, 2)),
+             "check_numerics": lambda x: compiler.check_numerics({}, x),
+             "schedule_profile": lambda x: fd.schedule_profile(compiler, x)}
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=f"^{name} takes a list or iterable of examples, {message}"):
+            call(examples)
+    np.testing.assert_allclose(compiler.apply({}, compiler.build_batch(np.asarray([1.0, 2.0]))).outputs,
+                               np.sin([1.0, 2.0]), rtol=1e-6)  # an array is a sequence of examples
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda p: dict(p, b=jnp.zeros(1)), r"params\['fc'\]\['b'\] has shape \(1,\) .* needs shape \(4,\)"),
     (lambda p: dict(p, w=p["w"].astype(jnp.float16)), r"params\['fc'\]\['w'\] .* dtype float16.* dtype float32"),
