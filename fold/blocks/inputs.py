@@ -29,6 +29,7 @@ from fold.blocks.types import (
     dtype_kind,
     fold_type,
     is_tensor_tree,
+    requested_dtype,
 )
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class Tensor(Block):
     _leaf = True
 
     def __init__(self, shape: Any, dtype: Any = "float32", name: str | None = None):
-        self._ttype = TensorType(shape, dtype)
+        self._ttype = TensorType(shape, requested_dtype(dtype, "Tensor"))
         self._convert = scalar_converter(self._ttype) or functools.partial(to_array, ttype=self._ttype)
         super().__init__(name, PyObjectType(), self._ttype)
 
@@ -246,7 +247,7 @@ class OneHot(Block):
         if stop <= start:
             raise ValueError(f"OneHot needs a non-empty range, got [{start}, {stop})")
         self.start, self.stop = int(start), int(stop)
-        self._ttype = TensorType((self.stop - self.start,), dtype)
+        self._ttype = TensorType((self.stop - self.start,), requested_dtype(dtype, "OneHot"))
         super().__init__(name, PyObjectType(), self._ttype)
 
     def _host_leaf(self, x: Any, ctx: HostContext) -> int:
@@ -279,7 +280,7 @@ class OneHotFromList(Block):
                 raise ValueError(f"OneHotFromList: duplicate element {e!r}")
             self._index[e] = i
         self.strict = strict
-        self._ttype = TensorType((len(self.elements),), dtype)
+        self._ttype = TensorType((len(self.elements),), requested_dtype(dtype, "OneHotFromList"))
         super().__init__(name, PyObjectType(), self._ttype)
 
     def _host_leaf(self, x: Any, ctx: HostContext) -> int:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fold.blocks.types import TensorType, TupleType, Type, dtype_kind
+from fold.blocks.types import TensorType, TupleType, Type, dtype_kind, requested_dtype
 
 __all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case", "takes_key", "vector_size"]
 
@@ -289,7 +289,7 @@ class Embedding(Layer):
                  trainable: bool = True, mod_inputs: bool = True, name: str | None = None,
                  dtype: Any = "float32"):
         super().__init__(name, trainable)
-        self.dtype = TensorType((), dtype).dtype
+        self.dtype = requested_dtype(dtype, "Embedding")
         self.num_buckets = int(num_buckets)
         self.num_units_out = int(num_units_out)
         if self.num_buckets <= 0 or self.num_units_out <= 0:

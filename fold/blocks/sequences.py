@@ -26,6 +26,7 @@ from fold.blocks.types import (
     Type,
     VoidType,
     convert_to_type,
+    requested_dtype,
     tensor_types,
 )
 from fold.errors import type_error
@@ -503,7 +504,7 @@ class Length(Block):
     _leaf = True
 
     def __init__(self, dtype: Any = "float32", name: str | None = None):
-        self._ttype = TensorType((), dtype)
+        self._ttype = TensorType((), requested_dtype(dtype, "Length"))
         super().__init__(name, None, self._ttype)
 
     def _check_input(self, t: Type) -> None:

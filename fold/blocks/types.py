@@ -21,6 +21,10 @@ Examples:
 from __future__ import annotations
 
 import abc
+import os
+import sys
+import types
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -71,6 +75,30 @@ def canonical_dtype(dtype: Any) -> str:
         raise TypeError(f"{dtype!r} is not a dtype JAX arrays hold: use a bool, int, uint, float or complex dtype "
                         "such as 'float32' or 'int32'")
     return str(jax.dtypes.canonicalize_dtype(np_dtype))
+
+
+def requested_dtype(dtype: Any, who: str) -> str:
+    """``canonical_dtype(dtype)`` for a dtype a user gave ``who`` (a block or layer name). Warns,
+    as ``jnp.asarray(x, dtype)`` does, when JAX narrows it (64 bits while x64 is off): the values
+    would lose precision or range without a word."""
+    got = canonical_dtype(dtype)
+    asked = np.dtype(dtype).name
+    if got != asked:
+        warnings.warn(f"{who}(dtype={asked!r}) holds {got}: JAX truncates 64-bit dtypes unless "
+                      "jax.config.update('jax_enable_x64', True) runs before the model is built",
+                      UserWarning, stacklevel=_callers_level())
+    return got
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package, for a warning about a
+    caller's argument to point at the caller's line, however deep in fold it is checked."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class Type(abc.ABC):

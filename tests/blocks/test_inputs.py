@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -140,3 +142,24 @@ def test_scalar_fast_path_agrees_with_to_array(dtype):
         np.testing.assert_array_equal(got, want)
         assert got.dtype == want.dtype
     assert scalar_converter(fd.TensorType((2,), dtype)) is None
+
+
+@pytest.mark.parametrize("make, who, asked, held", [
+    (lambda: fd.Vector(2, "float64"), "Tensor", "float64", "float32"),
+    (lambda: fd.Scalar("int64"), "Tensor", "int64", "int32"),
+    (lambda: fd.OneHot(3, dtype="float64"), "OneHot", "float64", "float32"),
+    (lambda: fd.OneHotFromList("ab", dtype="uint64"), "OneHotFromList", "uint64", "uint32"),
+    (lambda: fd.Length("float64"), "Length", "float64", "float32"),
+    (lambda: fd.Embedding(3, 2, dtype="float64"), "Embedding", "float64", "float32"),
+])
+def test_a_64_bit_dtype_jax_truncates_warns_at_the_callers_line(make, who, asked, held):
+    """``Vector(2, "float64")`` held float32 without a word while x64 is off, where
+    ``jnp.asarray(x, jnp.float64)`` warns: the values lost precision and range silently."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on: nothing is truncated")
+    with pytest.warns(UserWarning, match=fr"{who}\(dtype='{asked}'\) holds {held}: JAX truncates") as caught:
+        make()
+    assert caught[0].filename == __file__  # points at the model's line, not inside fold
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fd.Vector(2), fd.Scalar("int32"), fd.OneHot(3), fd.Length(), fd.Embedding(3, 2), fd.FromTensor(np.ones(2))
