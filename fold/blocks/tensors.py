@@ -183,7 +183,11 @@ class Function(Block):
         try:
             if self.layer is not None:
                 layer = self.layer
-                pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
+                try:
+                    pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
+                except TypeError as e:
+                    raise TypeError(f"{type(layer).__name__}.init(key, {t}) must return a pytree of arrays "
+                                    f"(its parameters): {e}") from None
                 res = jax.eval_shape(lambda p, *a: layer._apply_keyed(p, *a, key=None), pshape, *args)
             else:
                 fn = self._function()

@@ -113,6 +113,22 @@ def test_layer_with_two_input_types_is_type_error():
         fd.Compiler.create(block)
 
 
+def test_an_init_that_returns_no_arrays_is_named():
+    """The error named only JAX's internal lambda ("function <lambda> at tensors.py traced for jit
+    returned a value of type str"), not the layer's init."""
+
+    class Labels(fd.Layer):
+        def init(self, key, input_type):
+            return {"w": "ones"}
+
+        def apply(self, params, x):
+            return x
+
+    with pytest.raises(TypeError, match=r"Labels.init\(key, TensorType\(\(\), 'float32'\)\) must return a pytree "
+                                        r"of arrays \(its parameters\).*type <class 'str'>"):
+        fd.Scalar() >> Labels()
+
+
 def test_wrong_params_shape_is_a_clear_error():
     block = fd.Vector(2) >> fd.FC(2)
     compiler = fd.Compiler.create(block)
