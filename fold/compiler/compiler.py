@@ -362,15 +362,18 @@ class Compiler:
         self._stats.built(batch)
         return batch
 
-    def _build_batch(self, examples: Iterable[Any] | RecordedExamples | ExampleChunk) -> Batch:
+    def _build_batch(self, examples: Iterable[Any] | RecordedExamples | ExampleChunk,
+                     chunk_sizes: tuple[int, ...] | None = None) -> Batch:
         """The batch of ``examples`` in its own layout, before the save policy and the layout
-        policy see it, and not counted in ``stats``: NumPy only (workers run this)."""
+        policy see it, and not counted in ``stats``: NumPy only (workers run this). ``C`` is
+        picked among ``chunk_sizes`` (recorded examples only; default: the compiler's)."""
         if isinstance(examples, RecordedExamples):
             self._check_owner(examples)
             if not len(examples):
                 raise ValueError("build_batch needs at least one example")
             rec, roots = examples.merged()
-            return schedule(self.program, rec, roots, len(examples), self.chunk_sizes, check=False, owner=self._token)
+            return schedule(self.program, rec, roots, len(examples), chunk_sizes or self.chunk_sizes, check=False,
+                            owner=self._token)
         if isinstance(examples, ExampleChunk):
             return self._build(examples.examples, dataset_indices=examples.indices)[0]
         examples = examples if isinstance(examples, list) else list(examples)  # build_batch listed them
@@ -404,7 +407,13 @@ class Compiler:
         members = sharding.partition(costs, len(local))
         # A device with no example of its own runs the cheapest one again, its rows marked padding.
         filler = np.asarray([int(np.argmin(costs))])
-        parts = [self._saving.decide(self._build_batch(recorded[m if len(m) else filler])) for m in members]
+        shares = [recorded[m if len(m) else filler] for m in members]
+        parts = [self._build_batch(share) for share in shares]
+        # Each part picks its own C (a small part may take a smaller one); the step's parts, here
+        # and in every other process, share a layout, so they all take the largest.
+        chunk = int(sharding.gather_counts(max(p.layout.chunk for p in parts)).max())
+        parts = [self._saving.decide(p if p.layout.chunk == chunk else self._build_batch(share, chunk_sizes=(chunk,)))
+                 for p, share in zip(parts, shares)]
         parts = self._shared_layouts.pad(parts, sharding.gather_layouts)
         counts = sharding.gather_counts(len(recorded))
         offset = int(counts[:jax.process_index()].sum())

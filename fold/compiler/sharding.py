@@ -57,7 +57,9 @@ def device_mesh(devices: int | Mesh | Sequence[Any], axis: str = AXIS) -> Mesh:
     if isinstance(devices, bool):
         raise TypeError("devices must be a device count, a list of devices or a Mesh, not a bool")
     if isinstance(devices, (int, np.integer)):
-        if not 1 <= devices <= jax.device_count():
+        if devices < 1:
+            raise ValueError(f"devices must be a device count >= 1, got {devices}")
+        if devices > jax.device_count():
             raise ValueError(f"devices={devices}, but there are {jax.device_count()} devices "
                              "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
         return Mesh(np.asarray(jax.devices()[:devices]), (axis,))

@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import jax
@@ -106,6 +107,30 @@ def test_the_scaling_page_runs_on_two_devices():
     assert "on 2 devices" in run.stdout
 
 
+def test_parts_that_would_pick_different_chunk_sizes_share_the_largest():
+    """Two devices' parts of 10 short sequences picked C = 32 (a part of few examples) and C = 128,
+    and every step failed: "layouts of different examples, C or saving have no join"."""
+    code = textwrap.dedent("""
+        import jax, numpy as np, fold as fd
+        model = fd.Map(fd.Vector(2) >> fd.FC(3)) >> fd.Sum()
+        data = [[[1.0, float(i)]] * (i % 4 + 1) for i in range(10)]
+        compiler = fd.Compiler.create(model)
+        params = compiler.init(jax.random.key(0))
+        want = np.asarray(compiler.apply(params, compiler.build_batch(data)).outputs)
+        for devices in (2, jax.devices()[:2], 1):
+            got = np.asarray(compiler.apply(params, compiler.build_batch(data, devices=devices)).outputs)
+            print(devices if isinstance(devices, int) else len(devices), float(np.abs(got - want).max()))
+    """)
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line.split() for line in run.stdout.strip().splitlines()]
+    assert [n for n, _ in lines] == ["2", "2", "1"]
+    assert all(float(diff) <= TOLERANCE for _, diff in lines), lines
+
+
 # --- in this process (one device) ------------------------------------------------------------------
 
 def test_partition_balances_by_cost():
@@ -147,6 +172,8 @@ def test_one_device_sharded_batch_equals_a_batch():
 def test_sharding_misuse():
     compiler, other = _tree_model(), _tree_model()
     params = compiler.init(jax.random.key(0))
+    with pytest.raises(ValueError, match="devices must be a device count >= 1, got 0"):
+        compiler.build_batch([1.0], devices=0)
     with pytest.raises(ValueError, match="devices=99, but there are"):
         compiler.build_batch([1.0], devices=99)
     with pytest.raises(ValueError, match="not 'model'"):
