@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fold.blocks.adapters import holds_arrays
 from fold.blocks.base import Block
@@ -183,11 +184,7 @@ class Function(Block):
         try:
             if self.layer is not None:
                 layer = self.layer
-                try:
-                    pshape = jax.eval_shape(lambda k: layer.init(k, t), jax.random.key(0))
-                except TypeError as e:
-                    raise TypeError(f"{type(layer).__name__}.init(key, {t}) must return a pytree of arrays "
-                                    f"(its parameters): {e}") from None
+                pshape = jax.eval_shape(lambda k: _checked_init(layer, k, t), jax.random.key(0))
                 res = jax.eval_shape(lambda p, *a: layer._apply_keyed(p, *a, key=None), pshape, *args)
             else:
                 fn = self._function()
@@ -229,6 +226,17 @@ class Function(Block):
 
     def _emit(self, em: Emitter, x: str) -> str:
         return em.call(self, x)
+
+
+def _checked_init(layer: Layer, key: Any, t: Type) -> Any:
+    """``layer.init(key, t)``, refused when a leaf is not an array or a number: JAX's own error
+    names only the lambda that traced it."""
+    params = layer.init(key, t)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex)):
+            raise TypeError(f"{type(layer).__name__}.init(key, {t}) returned {type(leaf).__name__} {leaf!r} at "
+                            f"params{jax.tree_util.keystr(path)}: a layer's parameters are arrays")
+    return params
 
 
 class Concat(Block):

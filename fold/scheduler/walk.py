@@ -63,8 +63,12 @@ def _rewrap(e: BaseException, stack: list, block: Block, where: str) -> BaseExce
         new = cls(msg) if isinstance(e, _NATURAL + (IndexError,)) else None
     except Exception:  # an exception class with an unusual constructor
         new = None
-    if new is None:
-        if hasattr(e, "add_note"):
+    if new is None:  # the user's own exception class (or one with an unusual constructor): keep it
+        if e.args and isinstance(e.args[0], str) and str(e) == e.args[0]:
+            # Its message is its first argument: say where in the message itself, which loggers
+            # print (notes they may drop), keeping its type and attributes for handlers.
+            e.args = (msg, *e.args[1:])
+        elif hasattr(e, "add_note"):
             e.add_note(msg)
         setattr(e, InputError.attribute, True)
         return e

@@ -272,7 +272,7 @@ def _raise_unpicklable(x: float) -> float:
 
 @pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
 @pytest.mark.parametrize("bad, cls, fragments", [
-    (5.0, ValueError, ["_Unpicklable: bad value at here", "example 5 (position 1 in its batch): at InputTransform"]),
+    (5.0, ValueError, ["_Unpicklable: example 5 (position 1 in its batch): at InputTransform: bad value at here"]),
     (-1.0, RuntimeError, ["_Odd: 3", "example 5 (position 1 in its batch): at InputTransform"]),
 ])
 def test_an_exception_a_worker_cannot_send_keeps_its_kind_message_index_and_path(bad, cls, fragments):

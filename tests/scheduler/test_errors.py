@@ -89,6 +89,52 @@ def test_user_function_errors_keep_their_type_and_gain_context():
         compiler.build_batch(["1", "2", "three"])
 
 
+class _Rejected(Exception):
+    """A user's own exception class."""
+
+
+class _Coded(Exception):
+    """One whose message is not its first argument."""
+
+    def __init__(self, message, code):
+        super().__init__(message, code)
+        self.code = code
+
+    def __str__(self):
+        return f"{self.args[0]} (code {self.code})"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_users_own_exception_names_the_example_in_its_message_and_keeps_its_attributes(workers):
+    """A user's exception class, or one whose constructor takes more than a message (JSON's
+    ``JSONDecodeError``, protobuf's ``DecodeError``), had the example and path only in a note,
+    which loggers printing the message drop."""
+    import json
+
+    def check(x):
+        if x < 0:
+            raise _Rejected("negative")
+        return x
+
+    compiler = fd.Compiler.create(fd.InputTransform(check) >> fd.Scalar())
+    with pytest.raises(_Rejected) as raised:
+        list(compiler.batches([1.0, -2.0], 2, num_workers=workers))
+    assert str(raised.value) == "example 1 (position 1 in its batch): at InputTransform: negative"
+    parse = fd.Compiler.create(fd.InputTransform(json.loads) >> fd.GetItem("a") >> fd.Scalar())
+    with pytest.raises(json.JSONDecodeError, match="^example 1: at InputTransform: Expecting property name") as bad:
+        parse.build_batch(['{"a": 1}', "{a"])
+    assert bad.value.pos == 1
+
+    def coded(x):
+        raise _Coded("bad", 3)
+
+    # A message that is not its first argument stays as it is; the note says where.
+    with pytest.raises(_Coded) as noted:
+        fd.Compiler.create(fd.InputTransform(coded) >> fd.Scalar()).build_batch([1.0])
+    assert str(noted.value) == "bad (code 3)"
+    assert noted.value.__notes__ == ["example 0: at InputTransform: bad (code 3)"] and noted.value.code == 3
+
+
 def _recursive_sum() -> fd.Block:
     decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
     tree = fd.OneOf(lambda x: isinstance(x, list), {False: fd.Scalar(), True: fd.Map(decl()) >> fd.Sum()})
