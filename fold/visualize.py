@@ -51,7 +51,7 @@ def visualize(block: Any, types: bool = True) -> Any:
     """The block tree of ``block`` as a ``graphviz.Digraph`` (see the module docstring).
 
     Args:
-      block: a block, or anything ``convert_to_block`` takes.
+      block: a block, anything ``convert_to_block`` takes, or a ``Compiler`` (its model).
       types: show each block's input and output types.
 
     Raises:
@@ -64,8 +64,9 @@ def visualize(block: Any, types: bool = True) -> Any:
                           "(and Graphviz's dot program to render the graph)") from e
     from fold.blocks.base import convert_to_block
     from fold.blocks.control import ForwardDeclaration
+    from fold.compiler.compiler import Compiler
 
-    root = convert_to_block(block)
+    root = block.program.root if isinstance(block, Compiler) else convert_to_block(block)
     graph = graphviz.Digraph(graph_attr={"rankdir": "TB"}, node_attr={"shape": "box", "fontsize": "10"})
     ids: dict[int, str] = {}
 

@@ -58,3 +58,12 @@ def test_groups_add_up_to_the_batch_the_scheduler_builds(batch_size):
     heights = sum(patch.get_height() for patch in ax.patches)
     assert heights == pytest.approx(sum(g.computed for g in groups))
     assert f"{stats.num_nodes:,} nodes" in ax.get_title()
+
+
+def test_a_block_in_place_of_the_compiler_is_a_type_error():
+    """Both raised AttributeError ("'Pipe' object has no attribute 'build_batch'")."""
+    model = fd.Map(fd.Scalar()) >> fd.Sum()
+    for call in (fd.schedule_profile, fd.plot_schedule):
+        with pytest.raises(TypeError, match=f"^{call.__name__} takes a Compiler \\(fd.Compiler.create\\(model\\)\\), "
+                                            "got Pipe$"):
+            call(model, [[1.0]])

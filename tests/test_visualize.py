@@ -29,6 +29,13 @@ def test_a_recursive_model_as_a_graph():
     assert 'b0 [label=Scalar]' in plain or 'b0 [label="Scalar"]' in plain
 
 
+def test_a_compiler_draws_its_model():
+    """``fd.visualize(compiler)`` was a TypeError ("cannot convert Compiler ... to a block")."""
+    model = fd.Map(fd.Vector(2) >> fd.FC(3)) >> fd.Sum()
+    compiler = fd.Compiler.create(model)
+    assert fd.visualize(compiler).source == fd.visualize(model).source
+
+
 def test_short_types():
     from fold.visualize import short_type
 
