@@ -16,7 +16,7 @@ marks and carries them between its layers:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -84,9 +84,11 @@ def check_examples(examples: Any, where: str) -> Any:
                 else "; for one example, pass [example]" if isinstance(examples, (str, bytes))
                 else "; pass a list (a set has no order to match the outputs to)")
         raise TypeError(f"{where} takes a list or iterable of examples, got a {kind}{hint}")
-    if not isinstance(examples, Iterable):
+    try:
+        iter(examples)  # also a sequence with __getitem__ and __len__ only (a PyTorch Dataset)
+    except TypeError:
         raise TypeError(f"{where} takes a list or iterable of examples, got {type(examples).__name__} "
-                        f"{examples!r}; for one example, pass [example]")
+                        f"{examples!r}; for one example, pass [example]") from None
     return examples
 
 

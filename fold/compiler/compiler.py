@@ -712,6 +712,9 @@ class Compiler:
           FloatingPointError: a value or a gradient is NaN or infinite.
           ValueError: no examples, or ``loss`` returns another shape.
         """
+        if isinstance(examples, RecordedExamples):
+            raise TypeError("check_numerics walks the examples themselves to name the blocks: pass the examples, "
+                            "not examples recorded with compiler.record")
         examples = list(check_examples(examples, "check_numerics"))
         numerics.check_arguments(examples, dataset_indices)
         batch, builder, _ = self._build(examples, keep_host=True, dataset_indices=dataset_indices)

@@ -137,6 +137,29 @@ def test_a_collection_that_is_no_list_of_examples_is_refused(examples, message):
                                np.sin([1.0, 2.0]), rtol=1e-6)  # an array is a sequence of examples
 
 
+def test_a_dataset_with_only_getitem_and_len_is_a_sequence_of_examples():
+    """A PyTorch-style dataset (``__getitem__`` and ``__len__``, no ``__iter__``) is iterable by
+    Python's sequence protocol; the check that refuses dicts and sets must let it through."""
+
+    class Dataset:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            if i >= 3:
+                raise IndexError(i)
+            return float(i)
+
+    compiler = fd.Compiler.create(fd.Scalar() >> fd.Function(jnp.sin))
+    want = np.sin([0.0, 1.0, 2.0])
+    np.testing.assert_allclose(compiler.apply({}, compiler.build_batch(Dataset())).outputs, want, rtol=1e-6)
+    got = [compiler.apply({}, b).outputs for b in compiler.batches(Dataset(), 2)]
+    np.testing.assert_allclose(np.concatenate(got), want, rtol=1e-6)
+    assert len(compiler.record(Dataset())) == 3
+    with pytest.raises(TypeError, match="check_numerics walks the examples themselves"):
+        compiler.check_numerics({}, compiler.record(Dataset()))
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda p: dict(p, b=jnp.zeros(1)), r"params\['fc'\]\['b'\] has shape \(1,\) .* needs shape \(4,\)"),
     (lambda p: dict(p, w=p["w"].astype(jnp.float16)), r"params\['fc'\]\['w'\] .* dtype float16.* dtype float32"),
