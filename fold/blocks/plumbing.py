@@ -5,6 +5,7 @@ They route values between blocks and cost nothing on the device.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,18 @@ __all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
 def _short(x: Any, limit: int = 60) -> str:
     r = repr(x)
     return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _attribute_hint(x: Any, key: Any) -> str:
+    """A hint for reading ``key`` of ``x`` by subscript where ``x`` has it as an attribute (a
+    dataclass, a namedtuple, an object): Fold's blocks read items, as ``x[key]``."""
+    if not isinstance(key, str) or not hasattr(x, key):
+        return ""
+    convert = ("fd.InputTransform(dataclasses.asdict)" if dataclasses.is_dataclass(x)
+               else "fd.InputTransform(lambda e: e._asdict())" if hasattr(x, "_asdict") else None)
+    how = f"convert it first with {convert}, or " if convert else ""
+    return f"; it has an attribute {key!r}, but blocks read items (x[key]): {how}read it with " \
+           f"fd.InputTransform(lambda e: e.{key})"
 
 
 class Pipe(Block):
@@ -166,7 +179,8 @@ class Record(Block):
             except IndexError:
                 raise TypeError(f"{self!r} found no item {k!r} in {_short(x)}") from None
             except TypeError as e:
-                raise TypeError(f"{self!r} cannot read key {k!r} of {type(x).__name__} {_short(x)}: {e}") from None
+                raise TypeError(f"{self!r} cannot read key {k!r} of {type(x).__name__} {_short(x)}: {e}"
+                                f"{_attribute_hint(x, k)}") from None
             out.append(run_leaf(b, v, ctx, label) if b._leaf else (yield b, v, label))
         return tuple(out)
 
@@ -254,7 +268,8 @@ class GetItem(Block):
         except (KeyError, IndexError):
             raise KeyError(f"{self!r} found no key {self.key!r} in {_short(x)}") from None
         except TypeError as e:
-            raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}") from None
+            raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}"
+                            f"{_attribute_hint(x, self.key)}") from None
 
     def _emit(self, em: Emitter, x: str) -> str:
         return em.item(x, self.key)

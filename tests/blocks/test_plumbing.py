@@ -103,6 +103,21 @@ def test_slice_bounds_are_checked_with_the_model_not_the_first_example():
     assert [float(v) for v in (fd.Map(fd.Scalar()) >> fd.Slice(start=np.int64(1))).eval([1, 2])] == [2.0]
 
 
+def test_reading_a_field_of_an_object_hints_at_converting_it():
+    """A namedtuple or dataclass given to a Record failed with Python's "tuple indices must be
+    integers" or "not subscriptable" and no word on what to do."""
+    from collections import namedtuple
+
+    point = namedtuple("Point", "x y")
+    compiler = fd.Compiler.create(fd.Record({"x": fd.Scalar(), "y": fd.Scalar()}))
+    with pytest.raises(TypeError, match=r"it has an attribute 'x', but blocks read items \(x\[key\]\): convert it "
+                                        r"first with fd.InputTransform\(lambda e: e._asdict\(\)\)"):
+        compiler.build_batch([point(1.0, 2.0)])
+    record = fd.Record({"x": fd.Scalar(), "y": fd.Scalar()})
+    fixed = fd.Compiler.create(fd.InputTransform(lambda e: e._asdict()) >> record)
+    assert [float(v[0]) for v in fixed.apply({}, fixed.build_batch([point(1.0, 2.0)])).outputs] == [1.0, 2.0]
+
+
 def test_block_used_twice_is_rejected():
     s = fd.Scalar()
     fd.Map(s)
