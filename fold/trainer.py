@@ -271,6 +271,8 @@ class Trainer:
                     else self.compiler.record(check_examples(train, "fit"), progress=self.progress))
         dev_data = (dev if dev is None or isinstance(dev, RecordedExamples)
                     else self.compiler.record(check_examples(dev, "fit(dev=)"), progress=self.progress))
+        if dev_data is not None and not len(dev_data):
+            raise ValueError("fit got no dev examples: pass dev=None to train without evaluating")
         per_epoch = _steps_per_epoch(len(recorded), self.batch_size, drop_remainder)
         directory = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
         run = _Run(self.init(params), None, [], directory, _writer(log_dir))
@@ -401,7 +403,8 @@ class Trainer:
                       where: str) -> Iterator[Batch]:
         if not isinstance(data, RecordedExamples):
             check_examples(data, where)
-        return self.compiler.batches(data, batch_size or self.eval_batch_size, num_workers=self.num_workers)
+        batch_size = self.eval_batch_size if batch_size is None else check_int("batch_size", batch_size, 1)
+        return self.compiler.batches(data, batch_size, num_workers=self.num_workers)
 
     def evaluate(self, params: Any, data: Iterable[Any] | RecordedExamples, per_example: bool = False,
                  batch_size: int | None = None) -> dict[str, Any]:
@@ -417,6 +420,9 @@ class Trainer:
         Returns:
           ``{metric: float}`` (a vector metric gives an array), or
           ``{metric: array of len(data)}`` with ``per_example``.
+
+        Raises:
+          ValueError: ``data`` holds no examples, or ``batch_size`` is not an int >= 1.
         """
         sums: dict[str, Any] = {}
         counts: dict[str, Any] = {}
@@ -433,6 +439,8 @@ class Trainer:
                 else:
                     sums[name] = sums.get(name, 0.0) + values.sum(axis=0, dtype=np.float64)
                     counts[name] = counts.get(name, 0) + len(values)
+        if not n:
+            raise ValueError("evaluate got no examples")
         if per_example:
             out = {}
             for name, parts in sums.items():

@@ -221,6 +221,13 @@ def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match=r"fit\(dev=\) takes a list or iterable of examples, got a dict"):
         t.fit(data(), epochs=1, dev=by_id)
     params = t.init().params
+    for method in (t.evaluate, t.predict):  # evaluate returned {} and batch_size=0 meant the default
+        with pytest.raises(ValueError, match=f"{method.__name__} got no examples"):
+            method(params, [])
+        with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+            method(params, data(4), batch_size=0)
+    with pytest.raises(ValueError, match="fit got no dev examples: pass dev=None"):
+        t.fit(data(), epochs=1, dev=[])
     for method in (t.evaluate, t.predict):
         with pytest.raises(TypeError, match=f"{method.__name__} takes a list or iterable of examples, got a set"):
             method(params, set(by_id))
