@@ -210,7 +210,11 @@ class FromTensor(Block):
         if arr.dtype == object or dtype_kind(arr.dtype) in "USV":
             raise TypeError(f"FromTensor needs a numeric array, got {tensor!r}")
         self._ttype = TensorType(arr.shape, arr.dtype)
-        self._value = arr.astype(self._ttype.dtype)
+        try:  # a 64-bit array held in 32 bits (x64 off): a value that does not fit would wrap or be inf
+            self._value = np.asarray(to_array(arr, self._ttype))
+        except ValueError as e:
+            raise ValueError(f"FromTensor: {e} (JAX holds {arr.dtype} as {self._ttype.dtype} while "
+                             "jax_enable_x64 is off)") from None
         super().__init__(name, None, self._ttype)
 
     @property

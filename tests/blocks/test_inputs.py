@@ -30,6 +30,20 @@ def test_from_tensor_ignores_input():
         fd.FromTensor(np.array(["a"]))
 
 
+def test_from_tensor_refuses_a_64_bit_value_its_32_bit_type_cannot_hold():
+    """``FromTensor(np.array([2**40]))`` held 0 (int64 wrapped to int32 while x64 is off) and
+    ``FromTensor(np.array([1e39]))`` inf, both silently."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on: nothing is narrowed")
+    with pytest.raises(ValueError, match=r"FromTensor: value array\(\[1099511627776\]\) does not fit in int32 "
+                                         r"\(JAX holds int64 as int32"):
+        fd.FromTensor(np.array([2**40], np.int64))
+    with pytest.raises(ValueError, match="FromTensor: value .* overflows float32"):
+        fd.FromTensor(np.array([1e39]))
+    np.testing.assert_array_equal(fd.FromTensor(np.array([-(2**31), 7], np.int64)).tensor, [-(2**31), 7])
+    assert fd.FromTensor(np.array([0.1])).tensor.dtype == np.float32
+
+
 @pytest.mark.parametrize("value", [42, 1.5, [1.0, 2.0], (1, 2), None])
 def test_from_tensor_refuses_python_values_as_fold_does(value):
     with pytest.raises(TypeError, match="FromTensor needs a NumPy or JAX array.*np.float32"):
