@@ -12,17 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from fold.compiler.compiler import Compiler
+from fold.compiler.compiler import Compiler, check_compiler
 from fold.errors import check_examples
 from fold.scheduler.builder import run_examples
 from fold.scheduler.schedule import GroupProfile, profile
 
 __all__ = ["plot_schedule", "schedule_profile"]
-
-
-def _check_compiler(compiler: Any, where: str) -> None:
-    if not isinstance(compiler, Compiler):
-        raise TypeError(f"{where} takes a Compiler (fd.Compiler.create(model)), got {type(compiler).__name__}")
 
 
 def schedule_profile(compiler: Compiler, examples: Iterable[Any]) -> tuple[list[GroupProfile], int]:
@@ -33,7 +28,7 @@ def schedule_profile(compiler: Compiler, examples: Iterable[Any]) -> tuple[list[
       ``([GroupProfile(stage, depth, op, rows, computed), ...], C)``; ``op`` indexes
       ``compiler.program.ops``.
     """
-    _check_compiler(compiler, "schedule_profile")
+    check_compiler(compiler, "schedule_profile")
     examples = list(check_examples(examples, "schedule_profile"))
     chunk = compiler.build_batch(examples, exact_layout=True).layout.chunk
     builder, _ = run_examples(compiler.program, examples)
@@ -58,7 +53,7 @@ def plot_schedule(compiler: Compiler, examples: Iterable[Any], ax: Any = None) -
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise ImportError("fd.plot_schedule needs matplotlib: pip install matplotlib") from e
-    _check_compiler(compiler, "plot_schedule")
+    check_compiler(compiler, "plot_schedule")
     examples = list(check_examples(examples, "plot_schedule"))
     groups, chunk = schedule_profile(compiler, examples)
     own_figure = ax is None

@@ -56,7 +56,7 @@ import numpy as np
 import optax
 
 from fold.checkpoint import load_checkpoint, save_checkpoint
-from fold.compiler.compiler import Compiler
+from fold.compiler.compiler import Compiler, check_compiler
 from fold.compiler.result import Result
 from fold.errors import check_examples, check_int
 from fold.scheduler.batch import Batch
@@ -148,8 +148,7 @@ class Trainer:
     def __init__(self, compiler: Compiler, optimizer: optax.GradientTransformation, *,
                  loss: str | Callable[[Result], jax.Array] = "loss", batch_size: int = 64,
                  eval_batch_size: int = 256, seed: int = 0, num_workers: int = 0, progress: bool = True):
-        if not isinstance(compiler, Compiler):
-            raise TypeError(f"Trainer takes a Compiler (fd.Compiler.create(model)), got {type(compiler).__name__}")
+        check_compiler(compiler, "Trainer")
         if isinstance(loss, str):
             if loss not in compiler.program.metric_types:
                 known = ", ".join(sorted(compiler.program.metric_types)) or "none"

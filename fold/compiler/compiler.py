@@ -819,3 +819,11 @@ def _is_key(key: Any) -> bool:
     if not isinstance(key, (jax.Array, np.ndarray)):
         return False
     return bool(jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or (key.shape == (2,) and key.dtype == np.uint32))
+
+
+def check_compiler(value: Any, where: str) -> Compiler:
+    """``value`` if it is a ``Compiler``; else a TypeError saying ``where`` takes one (a block is
+    the usual mistake)."""
+    if not isinstance(value, Compiler):
+        raise TypeError(f"{where} takes a Compiler (fd.Compiler.create(model)), got {type(value).__name__}")
+    return value
