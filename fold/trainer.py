@@ -12,7 +12,9 @@ metric to minimise, and runs Fold's three modes:
   ``patience`` evaluations without improvement, writes checkpoints (the
   last state, the best parameters and the history) and TensorBoard
   scalars. A tqdm bar shows the live loss; Ctrl-C stops cleanly, saving
-  the last state.
+  the last state. A run whose loss and parameters stop being finite stops
+  at that step, keeps the state from before it and names the example
+  (``compiler.check_numerics``) instead of running its epochs on NaN.
 * **eval** (``evaluate``): each metric's mean over a dataset, or per example.
 * **infer** (``predict``): the model's outputs for a dataset, in order.
 
@@ -97,7 +99,26 @@ class FitResult(NamedTuple):
     state: TrainState
     """The final ``TrainState`` (optimizer state included)."""
     stopped: str
-    """Why it stopped: ``"epochs"``, ``"early_stopping"`` or ``"interrupted"``."""
+    """Why it stopped: ``"epochs"``, ``"early_stopping"``, ``"interrupted"`` or ``"diverged"`` (a step's
+    loss was not finite and the parameters after it were not either: ``state`` is the one before
+    that step when its parameters are finite, and a warning names the step's examples)."""
+
+
+class _Step(NamedTuple):
+    """A step whose loss is read one step late, with what a diverging run needs to go back to it."""
+
+    step: int  # its number, counting from 1
+    loss: jax.Array
+    before: TrainState  # the state it started from
+    indices: np.ndarray  # its examples' indices in the training set
+
+
+class _Diverged(Exception):
+    """Raised by ``Trainer._log_loss`` at a non-finite loss after which the parameters are not finite."""
+
+    def __init__(self, pending: _Step, loss: float):
+        super().__init__(pending.step, loss)
+        self.pending, self.loss = pending, loss
 
 
 @dataclasses.dataclass
@@ -110,7 +131,7 @@ class _Run:
     directory: pathlib.Path | None
     writer: Any
     losses: list[float] = dataclasses.field(default_factory=list)  # since the last record
-    pending: tuple[int, jax.Array] | None = None  # the last step and its loss, not yet read
+    pending: _Step | None = None  # the last step, its loss not yet read
 
     def save(self) -> None:
         if self.directory is None:
@@ -331,7 +352,8 @@ class Trainer:
                     params, opt_state, loss = self._step(s.params, s.opt_state, batch, jnp.int32(s.step))
                     run.state = s._replace(params=params, opt_state=opt_state, step=int(s.step) + 1,
                                            epoch_step=int(s.epoch_step) + 1)
-                    self._log_loss(run, loss, bar)
+                    first = int(s.epoch_step) * self.batch_size
+                    self._log_loss(run, _Step(int(s.step) + 1, loss, s, order[first:first + self.batch_size]), bar)
                     if eval_every is not None and int(run.state.step) % eval_every == 0 and evaluate_now():
                         stopping = True
                         break
@@ -342,6 +364,10 @@ class Trainer:
                     break
                 if eval_every is not None:
                     run.save()
+            self._log_loss(run, None, bar)
+        except _Diverged as diverged:
+            stopped = "diverged"
+            self._stop_diverged(run, diverged, train)
         except KeyboardInterrupt:
             stopped = "interrupted"
             run.save()
@@ -371,18 +397,49 @@ class Trainer:
             run.history = json.loads((run.directory / HISTORY).read_text())
         logger.info("resumed from %s at step %d (epoch %d)", run.directory / LAST, run.state.step, run.state.epoch)
 
-    def _log_loss(self, run: _Run, loss: jax.Array | None, bar: Any) -> None:
+    def _log_loss(self, run: _Run, step: _Step | None, bar: Any) -> None:
         """Logs the pending step's loss, which is ready once the next step is queued (reading it
-        then does not stall the device), and makes ``loss`` (of the step just taken) pending."""
+        then does not stall the device), and makes ``step`` (the one just taken) pending.
+
+        Raises _Diverged when the pending loss is not finite and neither are the parameters now
+        (an optimizer that skips such updates, ``optax.apply_if_finite``, keeps the run going)."""
         if run.pending is not None:
-            step, value = run.pending[0], float(run.pending[1])
+            value = float(run.pending.loss)
+            if not math.isfinite(value) and not _finite(run.state.params):
+                raise _Diverged(run.pending, value)
             run.losses.append(value)
             if run.writer is not None:
-                run.writer.add_scalar("train/loss", value, step)
+                run.writer.add_scalar("train/loss", value, run.pending.step)
             bar.set_postfix(loss=f"{value:.4g}", refresh=False)
-        run.pending = None if loss is None else (int(run.state.step), loss)
-        if loss is not None:
+        run.pending = step
+        if step is not None:
             bar.update(1)
+
+    def _stop_diverged(self, run: _Run, diverged: _Diverged, train: Any) -> None:
+        """Goes back to the state before the diverging step when it is finite (saving it as the last
+        state) and warns, naming the step's examples, checked with ``check_numerics`` when ``train``
+        holds the examples themselves."""
+        step, before, indices = diverged.pending.step, diverged.pending.before, diverged.pending.indices.tolist()
+        where = f"training diverged at step {step} (epoch {int(before.epoch) + 1}): its loss is {diverged.loss}"
+        if not _finite(before.params):
+            logger.warning("%s, and the parameters were not finite before it either (an earlier step's gradient "
+                           "was not finite though its loss was); the run stopped there", where)
+            return
+        run.state = before
+        run.save()
+        examples = f"its examples are train[i] for i in {indices}"
+        if isinstance(train, RecordedExamples) or not hasattr(train, "__getitem__"):
+            found = (f"{examples}: compiler.check_numerics(result.state.params, those examples, "
+                     "dataset_indices=those i) names the one at fault")
+        else:
+            try:
+                self.compiler.check_numerics(before.params, [train[i] for i in indices], dataset_indices=indices)
+                found = (f"{examples}, whose values and per-example gradients are all finite: the step diverged "
+                         "as a whole (a learning rate too high?)")
+            except FloatingPointError as e:
+                found = f"{examples}; check_numerics, run on them with the parameters before that step, finds {e}"
+        logger.warning("%s, and the parameters after it are not; the run stopped, its state the one before that "
+                       "step; %s", where, found)
 
     def _report(self, record: dict, writer: Any) -> None:
         line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
@@ -460,6 +517,12 @@ class Trainer:
         if not parts:
             raise ValueError("predict got no examples")
         return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def _finite(tree: Any) -> bool:
+    """Whether every float leaf of ``tree`` is finite (read on the host: a diverging run's check only)."""
+    return all(np.isfinite(leaf).all() for leaf in map(np.asarray, jax.tree_util.tree_leaves(tree))
+               if jnp.issubdtype(leaf.dtype, jnp.inexact))
 
 
 def _steps_per_epoch(n: int, batch_size: int, drop_remainder: bool) -> int:

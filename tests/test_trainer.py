@@ -53,26 +53,30 @@ def leaves_equal(a, b) -> bool:
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def assert_sgd(params, start, examples, lr, seed, steps):
+    """``params`` are ``steps`` steps of plain NumPy gradient descent from ``start`` on the mean squared
+    error of each batch, in the documented order (``default_rng([seed, epoch]).permutation``, last
+    partial batch dropped)."""
+    w = np.asarray(start["linear"]["w"], np.float64)[:, 0].copy()
+    b = float(np.asarray(start["linear"]["b"])[0])
+    x = np.array([e[0] for e in examples])
+    y = np.array([e[1] for e in examples])
+    for step in range(steps):
+        epoch, i = divmod(step, N // BATCH)
+        idx = np.random.default_rng([seed, epoch]).permutation(N)[i * BATCH:(i + 1) * BATCH]
+        err = x[idx] @ w + b - y[idx]
+        w, b = w - lr * 2 * (err @ x[idx]) / BATCH, b - lr * 2 * err.mean()
+    np.testing.assert_allclose(np.asarray(params["linear"]["w"])[:, 0], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(params["linear"]["b"])[0], b, rtol=1e-5, atol=1e-6)
+
+
 def test_each_step_is_sgd_on_the_batch_the_seeded_order_gives():
     lr, seed = 0.1, 3
     t = trainer(optax.sgd(lr), seed=seed)
     examples = data()
     start = t.init()
     run = t.fit(examples, epochs=2, params=start.params)
-    # Reference: plain NumPy gradient descent on the mean squared error of each batch, in the
-    # documented order (default_rng([seed, epoch]).permutation, last partial batch dropped).
-    w = np.asarray(start.params["linear"]["w"], np.float64)[:, 0].copy()
-    b = float(np.asarray(start.params["linear"]["b"])[0])
-    x = np.array([e[0] for e in examples])
-    y = np.array([e[1] for e in examples])
-    for epoch in range(2):
-        order = np.random.default_rng([seed, epoch]).permutation(N)
-        for i in range(N // BATCH):
-            idx = order[i * BATCH:(i + 1) * BATCH]
-            err = x[idx] @ w + b - y[idx]
-            w, b = w - lr * 2 * (err @ x[idx]) / BATCH, b - lr * 2 * err.mean()
-    np.testing.assert_allclose(np.asarray(run.params["linear"]["w"])[:, 0], w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(run.params["linear"]["b"])[0], b, rtol=1e-5, atol=1e-6)
+    assert_sgd(run.params, start.params, examples, lr, seed, steps=2 * (N // BATCH))
     assert int(run.state.step) == 2 * (N // BATCH) and int(run.state.epoch) == 2
     assert [r["epoch"] for r in run.history] == [1, 2] and run.stopped == "epochs"
     assert run.best is None  # nothing to evaluate on
@@ -269,3 +273,59 @@ def test_a_loss_that_is_not_a_float_scalar_is_refused_with_a_message():
     before = t.evaluate(params, examples)["squares"]
     after = t.evaluate(t.fit(examples, epochs=20, params=params).params, examples)["squares"]
     assert before.shape == (2,) and after.sum() < 0.1 * before.sum()
+
+
+def with_nan_at(i: int) -> list:
+    examples = data()
+    examples[i] = ([float("nan"), 1.0], 0.0)
+    return examples
+
+
+def first_step_with(i: int, seed: int = 0) -> int:
+    """The step (from 1) of the first epoch whose batch holds example ``i``."""
+    return int(np.flatnonzero(np.random.default_rng([seed, 0]).permutation(N) == i)[0]) // BATCH + 1
+
+
+def test_a_run_whose_parameters_turn_nan_stops_at_that_step_and_names_the_example(tmp_path, caplog):
+    # Ran every epoch on NaN parameters, and returned them.
+    bad = 13
+    step = first_step_with(bad)
+    with caplog.at_level("WARNING", logger="fold"):
+        run = trainer().fit(with_nan_at(bad), epochs=3, checkpoint_dir=tmp_path)
+    assert run.stopped == "diverged" and int(run.state.step) == step - 1
+    assert_sgd(run.params, trainer().init().params, data(), 0.1, 0, steps=step - 1)  # the state before it
+    assert leaves_equal(fd.load_checkpoint(tmp_path / "last.npz", run.state._asdict())["params"], run.params)
+    (message,) = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    assert f"training diverged at step {step} (epoch 1): its loss is nan" in message
+    assert f"with the parameters before that step, finds example {bad} (position" in message
+    assert "an input value of type TensorType((2,), 'float32')" in message
+
+
+def test_a_nan_loss_that_the_optimizer_skips_does_not_stop_the_run(caplog):
+    with caplog.at_level("WARNING", logger="fold"):
+        run = trainer(optax.apply_if_finite(optax.sgd(0.1), 10)).fit(with_nan_at(13), epochs=2)
+    assert run.stopped == "epochs" and int(run.state.step) == 2 * (N // BATCH)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(run.params))
+    assert not [r for r in caplog.records if "diverged" in r.getMessage()]
+
+
+def test_a_diverging_run_over_recorded_examples_says_how_to_find_the_example(caplog):
+    t = trainer()
+    bad = 21
+    with caplog.at_level("WARNING", logger="fold"):
+        run = t.fit(t.compiler.record(with_nan_at(bad), progress=False), epochs=2)
+    step = first_step_with(bad)
+    assert run.stopped == "diverged" and int(run.state.step) == step - 1
+    (message,) = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    order = np.random.default_rng([0, 0]).permutation(N)
+    assert f"its examples are train[i] for i in {order[(step - 1) * BATCH:step * BATCH].tolist()}" in message
+    assert "compiler.check_numerics(result.state.params, those examples" in message
+
+
+def test_a_learning_rate_too_high_stops_the_run_before_its_parameters_overflow(caplog):
+    with caplog.at_level("WARNING", logger="fold"):
+        run = trainer(optax.sgd(1e4)).fit(data(), epochs=50)
+    assert run.stopped == "diverged" and 0 < int(run.state.step) < 50 * (N // BATCH)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(run.params))
+    (message,) = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    assert f"training diverged at step {int(run.state.step) + 1}" in message
