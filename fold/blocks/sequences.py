@@ -9,7 +9,9 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fold.blocks.base import Block, Repeat, run_leaf, set_child, unify
 from fold.blocks.host import HostContext
@@ -65,6 +67,10 @@ def _as_list(block: Block, x: Any, ctx: HostContext) -> list:
             if isinstance(x, dict) else " (its order varies between runs: give a list, e.g. sorted(...))"
         raise TypeError(f"{block!r} expected a sequence, got a {type(x).__name__}{hint}")
     limit = ctx.program.limits.max_nodes
+    if isinstance(x, jax.Array):
+        # One transfer, not a device slice per item. A traced value raises here, for the walk to
+        # say to build batches outside jit.
+        x = np.asarray(x)
     try:
         if hasattr(x, "__len__"):
             return list(x)

@@ -21,6 +21,22 @@ def test_map():
     assert block.eval([]) == []
 
 
+def test_map_over_a_jax_array_reads_it_once_as_numpy():
+    # Each item was a device slice of its own, which made building batches slower than from NumPy.
+    seen = []
+    block = fd.Map(fd.InputTransform(lambda v: seen.append(type(v)) or v) >> fd.Vector(2)) >> fd.Sum()
+    compiler = fd.Compiler.create(block)
+    params = compiler.init(jax.random.key(0))
+    x = jnp.arange(6.0).reshape(3, 2)
+    out = compiler.apply(params, compiler.build_batch([x, x[:1]])).outputs
+    np.testing.assert_array_equal(np.asarray(out), [[6.0, 9.0], [0.0, 1.0]])
+    assert seen and all(t is np.ndarray for t in seen)
+    with pytest.raises(TypeError, match=r"^example 0: at Map: Map expected a sequence, got ndarray"):
+        compiler.build_batch([jnp.float32(1.0)])
+    with pytest.raises(TypeError, match=r"^example 0: at Map: the example holds a traced JAX value"):
+        jax.jit(lambda xs: compiler.build_batch([xs]).arrays)(x)
+
+
 def test_fold_is_left_fold():
     block = fd.Map(fd.Scalar()) >> fd.Fold(fd.Function(lambda acc, x: 2 * acc + x), fd.FromTensor(np.float32(1)))
     assert float(block.eval([1, 2, 3])) == ((1 * 2 + 1) * 2 + 2) * 2 + 3
