@@ -53,7 +53,7 @@ def test_dropout():
 
 
 def test_fc_raises():
-    with pytest.raises(TypeError, match="FC takes float vectors"):
+    with pytest.raises(TypeError, match="FC takes float vectors"), pytest.warns(UserWarning, match="holds int32"):
         fd.Scalar("int64") >> fd.Function(lambda x: x[:, None]) >> fd.FC(1)
     with pytest.raises(TypeError, match="FC takes float vectors"):
         fd.Scalar() >> fd.FC(1)
