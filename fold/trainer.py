@@ -14,7 +14,10 @@ metric to minimise, and runs Fold's three modes:
   scalars. A tqdm bar shows the live loss; Ctrl-C stops cleanly, saving
   the last state. A run whose loss and parameters stop being finite stops
   at that step, keeps the state from before it and names the example
-  (``compiler.check_numerics``) instead of running its epochs on NaN.
+  (``compiler.check_numerics``) instead of running its epochs on NaN. For
+  that, the state before each step is kept until the step's loss is read,
+  one step later: one copy of the parameters and optimizer state more than
+  the step itself holds.
 * **eval** (``evaluate``): each metric's mean over a dataset, or per example.
 * **infer** (``predict``): the model's outputs for a dataset, in order.
 
