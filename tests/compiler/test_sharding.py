@@ -28,6 +28,9 @@ from tests.compiler.sharding_worker import tree_model
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 240  # seconds a worker may take before the test fails instead of hanging
 TOLERANCE = 1e-5
+# Fuzz seeds whose models the sharded check runs: a Composition with a metric and constants, and a
+# OneOf (seeds 0-59 all passed by hand; these two take about 16 s).
+SHARDED_SEEDS = (0, 8)
 
 
 def _worker(*args: str) -> subprocess.Popen:
@@ -130,6 +133,34 @@ def test_parts_that_would_pick_different_chunk_sizes_share_the_largest():
     assert [n for n, _ in lines] == ["2", "2", "1"]
     assert all(float(diff) <= TOLERANCE for _, diff in lines), lines
 
+
+
+def test_random_models_sharded_over_two_devices_equal_their_reference():
+    """The fuzz's random models (every grammar production: OneOf, recursion, metrics, Void, ...) on
+    batches split over two devices: outputs, metric values and gradients against the per-example
+    reference, as ``benchmarks.fuzz`` checks single-device batches."""
+    code = textwrap.dedent("""
+        import fold as fd
+        from benchmarks.fuzz import Case, comparer, random_params
+        from benchmarks.random_models import random_model
+        for seed in SEEDS:
+            case = Case.draw(seed, "every")
+            model = random_model(seed, n=6, rich=True, wide=case.wide, users=True, every=True)
+            compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
+            compare, examples = comparer(compiler, model, seed), list(model.examples)
+            for k, batch in enumerate(compiler.batches(examples, max(2, case.batch_size), devices=2)):
+                compare(random_params(compiler, seed), batch, [examples[i] for i in batch.example_indices],
+                        f"seed {seed}, batch {k}")
+            print(seed, "metrics" if model.metrics else "no metrics", "OneOf" in model.text)
+    """).replace("SEEDS", repr(SHARDED_SEEDS))
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [line.split()[0] for line in run.stdout.strip().splitlines()] == [str(s) for s in SHARDED_SEEDS]
+    words = run.stdout.split()
+    assert "metrics" in words and "True" in words  # a model with metrics, one with a OneOf
 
 # --- in this process (one device) ------------------------------------------------------------------
 
