@@ -45,6 +45,16 @@ def _report(process: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _on_two_devices(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a Python process with two simulated devices; fails the test if it fails."""
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
 def _check(report: dict) -> None:
     for what, diff in report["diffs"].items():
         assert diff <= TOLERANCE, f"{what} differs from one device by {diff}"
@@ -102,11 +112,7 @@ def test_the_scaling_page_runs_on_two_devices():
     """docs/scaling.md's example, as written, on two simulated devices."""
     code = "\n".join(re.findall(r"^```python\n(.*?)^```", open(os.path.join(ROOT, "docs", "scaling.md")).read(),
                                 re.S | re.M))
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=TIMEOUT)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _on_two_devices(code)
     assert "on 2 devices" in run.stdout
 
 
@@ -124,11 +130,7 @@ def test_parts_that_would_pick_different_chunk_sizes_share_the_largest():
             got = np.asarray(compiler.apply(params, compiler.build_batch(data, devices=devices)).outputs)
             print(devices if isinstance(devices, int) else len(devices), float(np.abs(got - want).max()))
     """)
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=TIMEOUT)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _on_two_devices(code)
     lines = [line.split() for line in run.stdout.strip().splitlines()]
     assert [n for n, _ in lines] == ["2", "2", "1"]
     assert all(float(diff) <= TOLERANCE for _, diff in lines), lines
@@ -153,11 +155,7 @@ def test_random_models_sharded_over_two_devices_equal_their_reference():
                         f"seed {seed}, batch {k}")
             print(seed, "metrics" if model.metrics else "no metrics", "OneOf" in model.text)
     """).replace("SEEDS", repr(SHARDED_SEEDS))
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=TIMEOUT)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _on_two_devices(code)
     assert [line.split()[0] for line in run.stdout.strip().splitlines()] == [str(s) for s in SHARDED_SEEDS]
     words = run.stdout.split()
     assert "metrics" in words and "True" in words  # a model with metrics, one with a OneOf
