@@ -239,7 +239,8 @@ class Trainer:
             log_dir: str | pathlib.Path | None = None, drop_remainder: bool = True) -> FitResult:
         """Trains for ``epochs`` epochs over ``train``, evaluating, keeping the best and checkpointing.
 
-        An *evaluation* (every ``eval_every`` steps, else after every epoch)
+        An *evaluation* (every ``eval_every`` steps and after the last step,
+        else after every epoch)
         records ``dev_<metric>`` for every metric's mean over ``dev`` and the
         entries of ``scores(params)``, keeps the parameters whose ``monitor``
         is best, and counts evaluations without improvement for ``patience``.
@@ -252,7 +253,8 @@ class Trainer:
           dev: examples to evaluate on.
           scores: more scores per evaluation, ``params -> {name: float}``
             (accuracies, say), recorded under their own names.
-          eval_every: steps between evaluations (default: each epoch's end).
+          eval_every: steps between evaluations, plus one after the last step
+            when it falls between them (default: each epoch's end).
           monitor: the score that picks the best parameters (default
             ``dev_<loss>`` with a dev set and a metric loss, else the
             first of ``scores``).
@@ -367,6 +369,10 @@ class Trainer:
                     break
                 if eval_every is not None:
                     run.save()
+            else:
+                # The steps after the last evaluation would otherwise never be evaluated.
+                if eval_every is not None and (run.history[-1]["step"] if run.history else 0) < int(run.state.step):
+                    evaluate_now()
             self._log_loss(run, None, bar)
         except _Diverged as diverged:
             stopped = "diverged"

@@ -164,6 +164,17 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path)
     assert leaves_equal(fd.load_checkpoint(tmp_path / "best.npz", first), first)
 
 
+def test_eval_every_also_evaluates_the_steps_after_the_last_evaluation():
+    dev = data(8, 1)
+    run = trainer().fit(data(), epochs=2, dev=dev, eval_every=3)  # 10 steps
+    assert [r["step"] for r in run.history] == [3, 6, 9, 10]
+    final = trainer().evaluate(run.params, dev)["loss"]
+    assert run.history[-1]["dev_loss"] == pytest.approx(final, rel=1e-6)
+    assert run.best == min(run.history, key=lambda r: r["dev_loss"])
+    on_the_last_step = trainer().fit(data(), epochs=2, dev=dev, eval_every=5)
+    assert [r["step"] for r in on_the_last_step.history] == [5, 10]
+
+
 def test_monitor_and_mode_choose_the_best():
     run = trainer(optax.adam(0.05)).fit(data(), epochs=3, dev=data(8, 1), monitor="dev_loss", mode="max")
     assert run.best == max(run.history, key=lambda r: r["dev_loss"])
