@@ -483,8 +483,9 @@ class Trainer:
           batch_size: examples per batch (default ``eval_batch_size``).
 
         Returns:
-          ``{metric: float}`` (a vector metric gives an array), or
-          ``{metric: array of len(data)}`` with ``per_example``.
+          ``{metric: float}`` (a vector metric gives an array; NaN for a
+          metric no example gave an entry), or ``{metric: array of
+          len(data)}`` with ``per_example``.
 
         Raises:
           ValueError: ``data`` holds no examples, or ``batch_size`` is not an int >= 1.
@@ -498,7 +499,7 @@ class Trainer:
                 mask = np.asarray(m.mask)
                 values = np.asarray(m.padded)[mask]
                 if per_example:
-                    flat = values.reshape(len(values), -1).mean(axis=1)
+                    flat = values.reshape(len(values), int(np.prod(values.shape[1:]))).mean(axis=1)
                     example = np.asarray(batch.example_indices)[np.asarray(m.example)[mask]]
                     sums.setdefault(name, []).append((example, flat))
                 else:
@@ -516,7 +517,8 @@ class Trainer:
                 with np.errstate(invalid="ignore"):
                     out[name] = total / count
             return out
-        return {name: _scalar(sums[name] / max(counts[name], 1)) for name in sums}
+        with np.errstate(invalid="ignore"):  # a metric with no entry has no mean: NaN, as per example
+            return {name: _scalar(sums[name] / counts[name]) for name in sums}
 
     def predict(self, params: Any, data: Iterable[Any] | RecordedExamples, batch_size: int | None = None) -> Any:
         """The model's outputs for every example of ``data``, in order (NumPy; a tuple output gives

@@ -100,6 +100,24 @@ def test_evaluate_and_predict_match_per_example_numpy():
                                rtol=1e-5, atol=1e-7)
 
 
+def test_evaluate_a_metric_some_batches_or_all_examples_give_no_entry():
+    # A metric per item of a sequence: empty sequences give none. Per example, a batch without
+    # entries crashed (reshape of an empty array); over the dataset, no entry at all gave 0.0.
+    c = fd.Composition()
+    with c.scope():
+        xs = fd.Map(fd.Scalar()).reads(c.input)
+        (fd.Map(fd.Function(jnp.square) >> fd.Metric("square")) >> fd.Void()).reads(xs)
+        c.output.reads(fd.Sum().reads(xs))
+    t = fd.Trainer(fd.Compiler.create(c), optax.sgd(0.1), loss=lambda r: r.outputs.sum(), eval_batch_size=2,
+                   progress=False)
+    params = t.init().params
+    examples = [[], [], [1.0, 2.0], [], [3.0]]  # the first batch has no entry
+    per = t.evaluate(params, examples, per_example=True)["square"]
+    np.testing.assert_allclose(per, [np.nan, np.nan, 2.5, np.nan, 9.0])
+    assert t.evaluate(params, examples)["square"] == pytest.approx(14.0 / 3)
+    assert np.isnan(t.evaluate(params, [[], []])["square"])
+
+
 def test_fit_keeps_the_best_dev_parameters_and_learns():
     t = trainer(optax.adam(0.05))
     dev = data(16, seed=1)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, scope_stack, unify
 from fold.blocks.host import HostContext
-from fold.blocks.types import TupleType, VoidType, convert_to_type
+from fold.blocks.types import TupleType, VoidType, convert_to_type, fold_type
 from fold.errors import set_type, type_error
 
 if TYPE_CHECKING:
@@ -191,10 +191,12 @@ class Composition(Block):
         read = {s for srcs in self._sources.values() for s in srcs}
         for m in self._members:
             if m not in read and not isinstance(m.output_type, VoidType):
-                raise TypeError(
-                    f"{m!r} in {self!r} is never read: its output ({m.output_type}) is unused; "
-                    "wire it with .reads() or remove it"
-                )
+                # A Map of metrics outputs a sequence of voids: Fold refuses it unread too, and users meet it.
+                only_voids = fold_type(m.output_type, lambda _: False, lambda _, items: all(items),
+                                       lambda _, element: element, lambda t: isinstance(t, VoidType))
+                fix = ("it holds only voids (metrics, say): end it with >> fd.Void()" if only_voids
+                       else "wire it with .reads() or remove it")
+                raise TypeError(f"{m!r} in {self!r} is never read: its output ({m.output_type}) is unused; {fix}")
         self._order = self._topological_order()
 
     def _topological_order(self) -> list[tuple[Block, tuple[Block, ...]]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -73,6 +74,24 @@ def test_unused_block_is_type_error():
         c.output.reads(x)
     with pytest.raises(TypeError, match="never read"):
         fd.Compiler.create(c)
+
+
+def test_an_unread_map_of_metrics_is_told_to_end_with_void():
+    def model(metrics: fd.Block) -> fd.Composition:
+        c = fd.Composition()
+        with c.scope():
+            xs = fd.Map(fd.Scalar()).reads(c.input)
+            metrics.reads(xs)
+            c.output.reads(fd.Sum().reads(xs))
+        return c
+
+    with pytest.raises(TypeError, match=r"output \(SequenceType\(VoidType\(\)\)\) is unused; it holds only voids "
+                                        r"\(metrics, say\): end it with >> fd.Void\(\)"):
+        fd.Compiler.create(model(fd.Map(fd.Metric("m"))))
+    compiler = fd.Compiler.create(model(fd.Map(fd.Metric("m")) >> fd.Void()))
+    result = compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch([[1.0, 2.0], [3.0]]))
+    np.testing.assert_array_equal(np.asarray(result.metrics["m"].padded)[np.asarray(result.metrics["m"].mask)],
+                                  [1.0, 2.0, 3.0])
 
 
 def test_a_block_that_needs_an_input_but_reads_nothing_is_type_error():
