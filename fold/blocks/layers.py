@@ -161,6 +161,13 @@ class Layer(abc.ABC):
 
         return Pipe(other, Function(self))
 
+    def reads(self, *sources: Any) -> Any:
+        """``Function(self).reads(*sources)``: a layer wires into a ``Composition`` as it pipes with ``>>``
+        (every use of one layer object shares its parameters)."""
+        from fold.blocks.tensors import Function
+
+        return Function(self).reads(*sources)
+
 
 def vector_size(layer: Layer, t: Type) -> tuple[int, str]:
     """Total size of a vector input, or of a tuple of vectors (concatenated)."""

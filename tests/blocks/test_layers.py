@@ -88,6 +88,22 @@ def test_shared_layer_shares_params_across_roots():
     assert sorted(params) == ["fc", "other"]
 
 
+def test_a_layer_reads_in_a_composition_as_it_pipes():
+    # It raised AttributeError: 'FC' object has no attribute 'reads'.
+    fc = fd.FC(2, activation=jnp.tanh)
+    c = fd.Composition()
+    with c.scope():
+        x, y = fd.Vector(2).reads(c.input[0]), fd.Vector(2).reads(c.input[1])
+        c.output.reads(fd.Function(jnp.add).reads(fc.reads(x), fc.reads(y)))
+    compiler = fd.Compiler.create(c)
+    params = compiler.init(jax.random.key(0))
+    assert sorted(params) == ["fc"]  # both uses share the layer's parameters
+    w = np.asarray(params["fc"]["w"])
+    out = compiler.apply(params, compiler.build_batch([([1.0, 2.0], [0.5, -1.0])])).outputs
+    expected = np.tanh(np.array([1.0, 2.0]) @ w) + np.tanh(np.array([0.5, -1.0]) @ w)
+    np.testing.assert_allclose(np.asarray(out)[0], expected, rtol=1e-5)
+
+
 def test_custom_layer():
     class Scale(fd.Layer):
         def __init__(self, name=None):
