@@ -192,8 +192,9 @@ class Composition(Block):
         for m in self._members:
             if m not in read and not isinstance(m.output_type, VoidType):
                 # A Map of metrics outputs a sequence of voids: Fold refuses it unread too, and users meet it.
-                only_voids = fold_type(m.output_type, lambda _: False, lambda _, items: all(items),
-                                       lambda _, element: element, lambda t: isinstance(t, VoidType))
+                t = m.output_type
+                only_voids = t is not None and fold_type(t, lambda _: False, lambda _, items: all(items),
+                                                         lambda _, element: element, lambda u: isinstance(u, VoidType))
                 fix = ("it holds only voids (metrics, say): end it with >> fd.Void()" if only_voids
                        else "wire it with .reads() or remove it")
                 raise TypeError(f"{m!r} in {self!r} is never read: its output ({m.output_type}) is unused; {fix}")
