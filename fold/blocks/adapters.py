@@ -22,7 +22,7 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -97,22 +97,46 @@ class EquinoxLayer(Layer):
 
 class FlaxLinenLayer(Layer):
     """A Flax Linen module as a layer: ``module.init`` makes its variables from the compiler's key
-    and ``module.apply`` runs it on the batch."""
+    and ``module.apply`` runs it on the batch.
 
-    def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
+    ``rngs`` names the RNG collections its stochastic parts draw from (``("dropout",)``); they make
+    the layer stochastic: with a key each collection gets its own (folded from the call's) and
+    ``train_kwargs`` go to ``apply``, without one ``eval_kwargs`` do (``{"train": True}`` and
+    ``{"train": False}``, say, for a module called as ``module(x, train)``)."""
+
+    def __init__(self, module: Any, name: str | None = None, trainable: bool = True, rngs: Sequence[str] = (),
+                 train_kwargs: Mapping[str, Any] | None = None, eval_kwargs: Mapping[str, Any] | None = None):
         super().__init__(name, trainable)
+        if isinstance(rngs, str) or not all(isinstance(r, str) and r for r in rngs):
+            raise TypeError(f"rngs names RNG collections, as a tuple of strings (('dropout',)), got {rngs!r}")
+        if "params" in rngs:
+            raise ValueError("rngs=('params', ...): the 'params' collection is init's own; name the ones "
+                             "apply draws from, such as 'dropout'")
+        if not rngs and (train_kwargs or eval_kwargs):
+            raise ValueError("train_kwargs and eval_kwargs need rngs=: the RNG collections that training draws "
+                             "from (('dropout',), say)")
         self.module = module
+        self.rngs = tuple(rngs)
+        self.train_kwargs, self.eval_kwargs = dict(train_kwargs or {}), dict(eval_kwargs or {})
+        self.stochastic = bool(self.rngs)
 
     def init(self, key: jax.Array, input_type: Type) -> Any:
-        return self.module.init(key, *_probe_inputs(input_type))
+        return self.module.init(key, *_probe_inputs(input_type), **self.eval_kwargs)
 
-    def apply(self, params: Any, *inputs: Any) -> Any:
-        return self.module.apply(params, *inputs)
+    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
+        if key is None:
+            return self.module.apply(params, *inputs, **self.eval_kwargs)
+        rngs = {name: jax.random.fold_in(key, i) for i, name in enumerate(self.rngs)}
+        return self.module.apply(params, *inputs, rngs=rngs, **self.train_kwargs)
 
 
 class FlaxNNXLayer(Layer):
     """A Flax NNX module as a layer: its ``nnx.Param`` variables are the parameters (the rest of
-    its state is kept as built), and it runs on the batch."""
+    its state is kept as built), and it runs on the batch.
+
+    A module that holds RNG streams (an ``nnx.Dropout`` built with ``rngs``) is stochastic: with a
+    key its streams are reseeded from it and its ``deterministic`` attributes set False, without
+    one they are set True (other state, such as batch statistics, stays as built)."""
 
     def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
         from flax import nnx
@@ -122,25 +146,47 @@ class FlaxNNXLayer(Layer):
         self._graph: Any = graph
         self._params: Any = params
         self._rest: Any = rest
+        self.stochastic = bool(_rng_streams(module))
 
     def init(self, key: jax.Array, input_type: Type) -> Any:
         _probe_inputs(input_type)
         return self._params
 
-    def apply(self, params: Any, *inputs: Any) -> Any:
+    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
         from flax import nnx
 
-        return nnx.merge(self._graph, params, self._rest)(*inputs)
+        # A copy of the state, made under the caller's trace: NNX refuses to mutate variables
+        # (the streams' keys and counts, set here or as they draw) made outside it.
+        module = nnx.merge(self._graph, params, jax.tree.map(lambda x: x, self._rest))
+        if self.stochastic:
+            module.set_attributes(deterministic=key is None, raise_if_not_found=False)
+        if self.stochastic and key is not None:
+            for i, stream in enumerate(_rng_streams(module)):
+                stream.key.set_value(jax.random.fold_in(key, i))
+                stream.count.set_value(jnp.zeros_like(stream.count.get_value()))
+        return module(*inputs)
 
 
-def flax_layer(module: Any, name: str | None = None, trainable: bool = True) -> Layer:
-    """The layer of a Flax module, NNX or Linen."""
+def _rng_streams(module: Any) -> list:
+    """The ``nnx.RngStream``s ``module`` holds, in graph order."""
+    from flax import nnx
+
+    return [node for _, node in nnx.iter_graph(module) if isinstance(node, nnx.RngStream)]
+
+
+def flax_layer(module: Any, name: str | None = None, trainable: bool = True, rngs: Sequence[str] = (),
+               train_kwargs: Mapping[str, Any] | None = None, eval_kwargs: Mapping[str, Any] | None = None) -> Layer:
+    """The layer of a Flax module, NNX or Linen (``rngs`` and the kwargs are Linen's: NNX modules
+    hold their RNG streams and deterministic flags)."""
     from flax import linen, nnx
 
     if isinstance(module, nnx.Module):
+        if rngs or train_kwargs or eval_kwargs:
+            raise TypeError("rngs, train_kwargs and eval_kwargs are for Linen modules; an NNX module's dropout "
+                            "draws from the nnx.Rngs it was built with, and fold sets its deterministic flag")
         return FlaxNNXLayer(module, name, trainable)
     if isinstance(module, linen.Module):
-        return FlaxLinenLayer(module, name, trainable)
+        return FlaxLinenLayer(module, name, trainable, rngs, train_kwargs, eval_kwargs)
     raise TypeError(f"Layer.from_flax needs a flax.nnx.Module or a flax.linen.Module, got {type(module).__name__}")
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -142,13 +142,29 @@ class Layer(abc.ABC):
         return EquinoxLayer(module, name, trainable)
 
     @staticmethod
-    def from_flax(module: Any, name: str | None = None, trainable: bool = True) -> Layer:
+    def from_flax(module: Any, name: str | None = None, trainable: bool = True, *, rngs: Sequence[str] = (),
+                  train_kwargs: Mapping[str, Any] | None = None,
+                  eval_kwargs: Mapping[str, Any] | None = None) -> Layer:
         """A layer running a Flax module (NNX or Linen) on the batch; an NNX module's
         ``nnx.Param``s, or a Linen module's variables from its ``init``, are the parameters
-        (needs ``flax``; see ``fold/blocks/adapters.py``)."""
+        (needs ``flax``; see ``fold/blocks/adapters.py``).
+
+        Dropout in the module: an NNX module built with ``nnx.Rngs`` for it is stochastic as
+        it is; a Linen module needs ``rngs`` (the RNG collections it draws from) and, when
+        its call takes a flag, ``train_kwargs``/``eval_kwargs``.
+
+        Example::
+
+            class MLP(linen.Module):
+                @linen.compact
+                def __call__(self, x, train: bool = False):
+                    return linen.Dropout(0.1, deterministic=not train)(linen.Dense(4)(x))
+
+            layer = fd.Layer.from_flax(MLP(), rngs=("dropout",), train_kwargs={"train": True})
+        """
         from fold.blocks.adapters import flax_layer
 
-        return flax_layer(module, name, trainable)
+        return flax_layer(module, name, trainable, rngs, train_kwargs, eval_kwargs)
 
     def __rshift__(self, other: Any) -> Any:
         from fold.blocks.tensors import Function

@@ -174,6 +174,73 @@ def test_a_flax_linen_module_makes_its_variables_from_the_compilers_key():
     _check_against(compiler, params, reference)
 
 
+def _dense(kernel, bias, x):
+    return x @ kernel + bias
+
+
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def test_a_flax_nnx_module_with_dropout_draws_with_a_key_and_is_deterministic_without():
+    # It once failed at create: "TraceContextError: Cannot mutate RngCount from a different trace level".
+    class DropoutMLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.hidden, self.out = nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 4, rngs=rngs)
+            self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(self.dropout(jnp.tanh(self.hidden(x))))
+
+    cell = fd.Layer.from_flax(DropoutMLP(nnx.Rngs(0, dropout=1)), name="cell")
+    leaf = fd.Layer.from_flax(nnx.Linear(2, 4, rngs=nnx.Rngs(1)), name="leaf")
+    assert cell.stochastic and not leaf.stochastic
+    compiler = fd.Compiler.create(_tree_rnn(cell, leaf))
+    params = compiler.init(jax.random.key(0))
+
+    def reference(p, t):  # without a key, dropout is the identity
+        c, lf = jax.tree.map(lambda v: v.get_value(), (p["cell"], p["leaf"]), is_leaf=_is_variable)
+        return _walk(t, lambda x: _dense(lf["kernel"], lf["bias"], x),
+                     lambda x: _dense(c["out"]["kernel"], c["out"]["bias"],
+                                      jnp.tanh(_dense(c["hidden"]["kernel"], c["hidden"]["bias"], x)))).sum()
+
+    _check_against(compiler, params, reference)
+    _check_stochastic(compiler, params)
+    batch = compiler.build_batch(TREES)
+    assert not np.allclose(compiler.apply(params, batch, jax.random.key(3)).outputs,
+                           compiler.apply(params, batch, jax.random.key(4)).outputs)
+    with pytest.raises(TypeError, match="rngs, train_kwargs and eval_kwargs are for Linen modules"):
+        fd.Layer.from_flax(DropoutMLP(nnx.Rngs(0, dropout=1)), rngs=("dropout",))
+
+
+def test_a_flax_linen_module_with_dropout_draws_from_its_rngs_with_a_key():
+    class DropoutMLP(linen.Module):
+        @linen.compact
+        def __call__(self, x, train: bool = False):
+            h = linen.Dropout(0.5, deterministic=not train)(jnp.tanh(linen.Dense(16)(x)))
+            return linen.Dense(4)(h)
+
+    cell = fd.Layer.from_flax(DropoutMLP(), name="cell", rngs=("dropout",), train_kwargs={"train": True})
+    compiler = fd.Compiler.create(_tree_rnn(cell, fd.Layer.from_flax(linen.Dense(4), name="leaf")))
+    params = compiler.init(jax.random.key(0))
+
+    def reference(p, t):
+        c, lf = p["cell"]["params"], p["leaf"]["params"]
+        return _walk(t, lambda x: _dense(lf["kernel"], lf["bias"], x),
+                     lambda x: _dense(c["Dense_1"]["kernel"], c["Dense_1"]["bias"],
+                                      jnp.tanh(_dense(c["Dense_0"]["kernel"], c["Dense_0"]["bias"], x)))).sum()
+
+    _check_against(compiler, params, reference)
+    _check_stochastic(compiler, params)
+    for bad, error, match in [
+        (dict(rngs="dropout"), TypeError, "as a tuple of strings"),
+        (dict(rngs=("params",)), ValueError, "init's own"),
+        (dict(train_kwargs={"train": True}), ValueError, "need rngs="),
+    ]:
+        with pytest.raises(error, match=match):
+            fd.Layer.from_flax(DropoutMLP(), **bad)
+
+
 def test_a_pure_pair_is_a_layer():
     def init(key, input_type):
         return {"w": jax.random.normal(key, (input_type.shape[0], 4)) * 0.5}
