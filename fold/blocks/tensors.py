@@ -165,7 +165,7 @@ class Function(Block):
             return
         try:
             returns = self._returns_for(self.input_type)
-        except TypeError:  # not inferable from shapes (a layer whose init draws on the host): the type stands
+        except _InitNotTraceable:  # nothing to infer from shapes: the type its place gives stands
             return
         if returns != self.output_type:
             # The output type was set from outside (a Fold's state, a OneOf's other cases) before
@@ -184,12 +184,19 @@ class Function(Block):
         try:
             if self.layer is not None:
                 layer = self.layer
-                pshape = jax.eval_shape(lambda k: _checked_init(layer, k, t), jax.random.key(0))
+                try:
+                    pshape = jax.eval_shape(lambda k: _checked_init(layer, k, t), jax.random.key(0))
+                except _HOST_VALUE_ERRORS as e:
+                    raise _InitNotTraceable(f"{self!r} cannot be applied to input type {t}: its layer's init "
+                                            f"draws on the host, so its output type is not inferable from "
+                                            f"shapes ({type(e).__name__})") from None
                 res = jax.eval_shape(lambda p, *a: layer._apply_keyed(p, *a, key=None), pshape, *args)
             else:
                 fn = self._function()
                 # Through a lambda: jit keys its cache on a weak reference, which NumPy's ufuncs refuse.
                 res = jax.eval_shape(lambda *a: fn(*a), *args)
+        except _InitNotTraceable:
+            raise
         except jax.errors.TracerArrayConversionError:
             raise TypeError(f"{self!r} cannot be applied to input type {t}: it calls NumPy on its (traced) input; "
                             "functions run under jax.jit, so use jax.numpy (jnp.tanh, not np.tanh)") from None
@@ -226,6 +233,15 @@ class Function(Block):
 
     def _emit(self, em: Emitter, x: str) -> str:
         return em.call(self, x)
+
+
+# What running host code on a traced value raises: a layer's init that draws on the host does.
+_HOST_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                      jax.errors.TracerIntegerConversionError, jax.errors.TracerBoolConversionError)
+
+
+class _InitNotTraceable(TypeError):
+    """A layer's init cannot run on abstract values, so what the layer returns is not known from shapes."""
 
 
 def _checked_init(layer: Layer, key: Any, t: Type) -> Any:

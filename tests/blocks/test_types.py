@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -98,6 +99,17 @@ def test_a_fold_whose_combine_returns_another_shape_than_its_state_fails_at_cons
                                         r"TensorType\(\(6,\), 'float32'\), but its place in the model needs "
                                         r"TensorType\(\(4,\), 'float32'\)"):
         fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> fd.FC(3), fd.Zeros(fd.TensorType((4,))))
+
+
+def test_a_fold_whose_combine_cannot_take_the_pair_fails_at_construction():
+    # It compiled (the error was taken for a layer whose init draws on the host) and failed in apply
+    # with JAX's "tanh() takes 1 positional argument but 2 were given".
+    for combine in (fd.Function(jnp.tanh), fd.Function(lambda h: h)):
+        with pytest.raises(TypeError, match=r"Fold gives \(accumulator, element\) of type TupleType\(TensorType\(\(\), "
+                                            r"'float32'\), TensorType\(\(\), 'float32'\)\) but Function\(.*\) has "
+                                            r"\(unknown\) \(Function\(.*\) cannot be applied to input type .*"
+                                            r"takes 1 positional argument but 2 were given"):
+            fd.Map(fd.Scalar()) >> fd.Fold(combine, fd.Zeros(fd.TensorType(())))
 
 
 def test_a_layer_whose_init_cannot_be_traced_keeps_the_output_type_its_place_gives_it():
