@@ -6,7 +6,7 @@ children with another one, recursively; a linear read-out predicts the sum
 of the leaves. fold batches all trees of a batch together, depth by depth,
 inside one jitted loop.
 
-Run: ``python examples/quickstart.py`` (a few seconds on a laptop CPU).
+Run: ``python -m examples.quickstart`` from the repository root, as every example (a few seconds on a laptop CPU).
 """
 
 from __future__ import annotations
