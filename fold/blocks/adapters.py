@@ -136,16 +136,21 @@ class FlaxNNXLayer(Layer):
 
     A module that holds RNG streams (an ``nnx.Dropout`` built with ``rngs``) is stochastic: with a
     key its streams are reseeded from it and its ``deterministic`` attributes set False, without
-    one they are set True (other state, such as batch statistics, stays as built)."""
+    one they are set True. A module that updates other state as it runs (``nnx.BatchNorm``
+    without ``use_running_average=True``) is refused: fold could not keep the update, and
+    statistics over a batched call's rows (padding included, one depth at a time) would be
+    wrong."""
 
     def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
         from flax import nnx
 
         super().__init__(name, trainable)
-        graph, params, rest = nnx.split(module, nnx.Param, ...)
+        graph, params, rngs, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
         self._graph: Any = graph
         self._params: Any = params
+        self._rngs: Any = rngs
         self._rest: Any = rest
+        self._name_of_module = type(module).__name__
         self.stochastic = bool(_rng_streams(module))
 
     def init(self, key: jax.Array, input_type: Type) -> Any:
@@ -155,16 +160,26 @@ class FlaxNNXLayer(Layer):
     def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
         from flax import nnx
 
-        # A copy of the state, made under the caller's trace: NNX refuses to mutate variables
+        # Copies of the state, made under the caller's trace: NNX refuses to mutate variables
         # (the streams' keys and counts, set here or as they draw) made outside it.
-        module = nnx.merge(self._graph, params, jax.tree.map(lambda x: x, self._rest))
+        module = nnx.merge(self._graph, params, *(jax.tree.map(lambda x: x, s) for s in (self._rngs, self._rest)))
         if self.stochastic:
             module.set_attributes(deterministic=key is None, raise_if_not_found=False)
         if self.stochastic and key is not None:
             for i, stream in enumerate(_rng_streams(module)):
                 stream.key.set_value(jax.random.fold_in(key, i))
                 stream.count.set_value(jnp.zeros_like(stream.count.get_value()))
-        return module(*inputs)
+        out = module(*inputs)
+        after = jax.tree_util.tree_flatten_with_path(nnx.split(module, nnx.Param, nnx.RngState, ...)[3])[0]
+        updated = [jax.tree_util.keystr(path) for (path, new), old in zip(after, jax.tree_util.tree_leaves(self._rest))
+                   if new is not old]
+        if updated:
+            raise ValueError(f"{self._name_of_module} updates its state {', '.join(updated)} as it runs (batch "
+                             "statistics?): fold keeps a module's state other than its nnx.Params as built, and "
+                             "statistics over a batched call's rows (padding included, one depth at a time) would "
+                             "be wrong; build it with use_running_average=True (frozen statistics) or use "
+                             "nnx.LayerNorm")
+        return out
 
 
 def _rng_streams(module: Any) -> list:

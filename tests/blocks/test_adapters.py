@@ -213,6 +213,39 @@ def test_a_flax_nnx_module_with_dropout_draws_with_a_key_and_is_deterministic_wi
         fd.Layer.from_flax(DropoutMLP(nnx.Rngs(0, dropout=1)), rngs=("dropout",))
 
 
+def test_a_flax_nnx_module_that_updates_its_state_is_refused_and_frozen_statistics_are_kept():
+    # With the state copied under the trace, BatchNorm's update ran and was dropped: statistics over
+    # a batched call's padded rows, silently.
+    class Normed(nnx.Module):
+        def __init__(self, frozen: bool, rngs: nnx.Rngs):
+            self.lin = nnx.Linear(2, 4, rngs=rngs)
+            self.norm = nnx.BatchNorm(4, use_running_average=frozen, rngs=rngs)
+
+        def __call__(self, x):
+            return self.norm(self.lin(x))
+
+    with pytest.raises(TypeError, match=r"Normed updates its state \['norm'\]\['mean'\].*, \['norm'\]\['var'\].* as "
+                                        r"it runs \(batch statistics\?\).*use_running_average=True"):
+        fd.Compiler.create(_tree_rnn(fd.Layer.from_flax(nnx.Linear(8, 4, rngs=nnx.Rngs(0)), name="cell"),
+                                     fd.Layer.from_flax(Normed(False, nnx.Rngs(1)), name="leaf")))
+    module = Normed(True, nnx.Rngs(1))
+    module.norm.mean.set_value(jnp.asarray([0.5, -0.5, 1.0, 0.0]))
+    module.norm.var.set_value(jnp.asarray([4.0, 1.0, 0.25, 1.0]))
+    leaf = fd.Layer.from_flax(module, name="leaf")
+    cell = fd.Layer.from_flax(nnx.Linear(8, 4, rngs=nnx.Rngs(0)), name="cell")
+    compiler = fd.Compiler.create(_tree_rnn(cell, leaf))
+    params = compiler.init(jax.random.key(0))
+    mean, var = np.asarray([0.5, -0.5, 1.0, 0.0]), np.asarray([4.0, 1.0, 0.25, 1.0])
+
+    def reference(p, t):
+        c, lf = jax.tree.map(lambda v: v.get_value(), (p["cell"], p["leaf"]), is_leaf=_is_variable)
+        return _walk(t, lambda x: ((_dense(lf["lin"]["kernel"], lf["lin"]["bias"], x) - mean) / jnp.sqrt(var + 1e-5)
+                                   * lf["norm"]["scale"] + lf["norm"]["bias"]),
+                     lambda x: _dense(c["kernel"], c["bias"], x)).sum()
+
+    _check_against(compiler, params, reference)
+
+
 def test_a_flax_linen_module_with_dropout_draws_from_its_rngs_with_a_key():
     class DropoutMLP(linen.Module):
         @linen.compact
