@@ -188,8 +188,9 @@ class Function(Block):
                     pshape = jax.eval_shape(lambda k: _checked_init(layer, k, t), jax.random.key(0))
                 except _HOST_VALUE_ERRORS as e:
                     raise _InitNotTraceable(f"{self!r} cannot be applied to input type {t}: its layer's init "
-                                            f"draws on the host, so its output type is not inferable from "
-                                            f"shapes ({type(e).__name__})") from None
+                                            f"reads a traced value on the host ({type(e).__name__}), so what it "
+                                            "returns cannot be inferred from shapes; draw with jax.random from "
+                                            "init's key instead of NumPy") from None
                 res = jax.eval_shape(lambda p, *a: layer._apply_keyed(p, *a, key=None), pshape, *args)
             else:
                 fn = self._function()

@@ -123,3 +123,7 @@ def test_a_layer_whose_init_cannot_be_traced_keeps_the_output_type_its_place_giv
 
     fold = fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> HostSeeded(), fd.Zeros(fd.TensorType((2,))))
     assert fold.output_type == fd.TensorType((2,))
+    # Where nothing fixes its type, the error says why and what to do.
+    with pytest.raises(TypeError, match=r"its layer's init reads a traced value on the host "
+                                        r"\(ConcretizationTypeError\).*draw with jax.random from init's key"):
+        fd.Vector(4) >> HostSeeded()
