@@ -240,7 +240,9 @@ class Block(metaclass=_BlockMeta):
         if child._composition is not None:
             if child._composition._is_wired(child):
                 raise ValueError(
-                    f"{child!r} is wired inside a Composition and cannot also be a child of {self!r}"
+                    f"{child!r} is wired inside a Composition and cannot also be a child of "
+                    f"{self!r}: wire the whole chain, `(a >> b).reads(x)`, or let the next block "
+                    "read it, `b.reads(a.reads(x))`"
                 )
             child._composition._remove_member(child)
         child._parent = self
