@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fold.blocks.host import PyObject
 from fold.checkpoint import load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler, check_compiler
 from fold.compiler.result import Result
@@ -124,23 +125,105 @@ class _Diverged(Exception):
         self.pending, self.loss = pending, loss
 
 
+@dataclasses.dataclass(frozen=True)
+class _FitOptions:
+    """``fit``'s options, checked (see ``Trainer.fit`` for each)."""
+
+    epochs: int
+    evaluates: bool  # a dev set or scores: evaluations record scores and pick the best
+    scores: Callable[[Any], dict[str, float]] | None
+    eval_every: int | None
+    monitor: str | None
+    mode: str | None
+    patience: int | None
+    directory: pathlib.Path | None
+    resume: bool
+    drop_remainder: bool
+
+    @classmethod
+    def checked(cls, epochs: int, dev: object, scores: Callable[[Any], dict[str, float]] | None,
+                eval_every: int | None, monitor: str | None, mode: str | None, patience: int | None,
+                checkpoint_dir: str | pathlib.Path | None, resume: bool, drop_remainder: bool,
+                loss: str | Callable[[Result], jax.Array]) -> _FitOptions:
+        """The options, or ValueError naming the first bad one."""
+        epochs = check_int("epochs", epochs, 0)
+        eval_every = None if eval_every is None else check_int("eval_every", eval_every, 1)
+        patience = None if patience is None else check_int("patience", patience, 1)
+        if resume and checkpoint_dir is None:
+            raise ValueError("resume=True needs the checkpoint_dir to resume from")
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        evaluates = dev is not None or scores is not None
+        if patience is not None and not evaluates:
+            raise ValueError("patience needs evaluations: pass dev= or scores=")
+        if monitor is None and dev is not None and isinstance(loss, str):
+            monitor = f"dev_{loss}"
+        directory = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
+        return cls(epochs, evaluates, scores, eval_every, monitor, mode, patience, directory, resume, drop_remainder)
+
+
 @dataclasses.dataclass
 class _Run:
-    """A ``fit`` in progress: the state, its history and where it writes."""
+    """A ``fit`` in progress: its options and data, the state, its history and where it writes."""
 
     state: TrainState
     best_params: Any
-    history: list[dict]
-    directory: pathlib.Path | None
-    writer: Any
+    history: list[dict[str, Any]]
+    options: _FitOptions
+    train: RecordedExamples
+    dev: RecordedExamples | None
+    per_epoch: int  # steps per epoch
+    writer: Any  # a tensorboardX SummaryWriter, or None
+    bar: Any = None  # the tqdm progress bar
+    started: float = dataclasses.field(default_factory=time.perf_counter)
     losses: list[float] = dataclasses.field(default_factory=list)  # since the last record
     pending: _Step | None = None  # the last step, its loss not yet read
+    batches: Iterator[Batch] | None = None  # the epoch's batches, while it runs
+    stopped: str = "epochs"
 
     def save(self) -> None:
-        if self.directory is None:
+        """Writes the last state and the history to the checkpoint directory, if there is one."""
+        directory = self.options.directory
+        if directory is None:
             return
-        save_checkpoint(self.directory / LAST, self.state._asdict())
-        (self.directory / HISTORY).write_text(json.dumps(self.history, indent=1) + "\n")
+        save_checkpoint(directory / LAST, self.state._asdict())
+        (directory / HISTORY).write_text(json.dumps(self.history, indent=1) + "\n")
+
+    def keep_if_best(self, record: dict[str, Any]) -> bool:
+        """Keeps the current parameters if ``record``'s monitored score is the best so far (marking
+        ``record["best"]``); True when ``patience`` evaluations in a row did not improve on it."""
+        options, state = self.options, self.state
+        # Without a monitor, the first score decides; losses and errors are minimised.
+        key = options.monitor or next((k for k in record if k not in ("step", "epoch", "train_loss", "seconds")), "")
+        if key not in record:
+            raise ValueError(f"monitor={key!r} is not among the scores of an evaluation: {sorted(record)}")
+        sign = -1.0 if (options.mode or _mode_of(key)) == "max" else 1.0
+        score = float(record[key])
+        stop = False
+        if math.isnan(state.best) or sign * score < sign * state.best:
+            self.state = state._replace(best=score, stale=0)
+            self.best_params = state.params
+            if options.directory is not None:
+                save_checkpoint(options.directory / BEST, state.params)
+        else:
+            self.state = state._replace(stale=int(state.stale) + 1)
+            stop = options.patience is not None and int(self.state.stale) >= options.patience
+        record["best"] = bool(self.state.stale == 0)
+        return stop
+
+    def close_batches(self) -> None:
+        """Stops the epoch's batches (shutting worker processes down)."""
+        if self.batches is not None and hasattr(self.batches, "close"):
+            self.batches.close()
+        self.batches = None
+
+    def close(self) -> None:
+        """Stops the batches, the progress bar and the TensorBoard writer."""
+        self.close_batches()
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 class Trainer:
@@ -279,134 +362,130 @@ class Trainer:
             unknown ``mode``, or a ``monitor`` no evaluation records.
           ImportError: ``log_dir`` without ``tensorboardX``.
         """
-        epochs = check_int("epochs", epochs, 0)
-        eval_every = None if eval_every is None else check_int("eval_every", eval_every, 1)
-        patience = None if patience is None else check_int("patience", patience, 1)
-        if resume and checkpoint_dir is None:
-            raise ValueError("resume=True needs the checkpoint_dir to resume from")
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        evaluates = dev is not None or scores is not None
-        if patience is not None and not evaluates:
-            raise ValueError("patience needs evaluations: pass dev= or scores=")
-        if monitor is None and dev is not None and isinstance(self.loss, str):
-            monitor = f"dev_{self.loss}"
+        options = _FitOptions.checked(epochs, dev, scores, eval_every, monitor, mode, patience, checkpoint_dir,
+                                      resume, drop_remainder, self.loss)
+        train_data = self._recorded(train, "fit")
+        dev_data = None if dev is None else self._recorded(dev, "fit(dev=)")
+        run = self._start(options, train_data, dev_data, params, log_dir)
+        try:
+            run.stopped = self._epochs(run)
+        except _Diverged as diverged:
+            run.stopped = "diverged"
+            self._stop_diverged(run, diverged, train)
+        except KeyboardInterrupt:
+            run.stopped = "interrupted"
+            run.save()
+            where = f"; resume from {options.directory / LAST}" if options.directory is not None else ""
+            logger.warning("training interrupted at step %d%s", int(run.state.step), where)
+        finally:
+            run.close()
+        best = _best_record(run.history) if options.evaluates else None
+        return FitResult(run.state.params, run.best_params, best, run.history, run.state, run.stopped)
 
-        recorded = (train if isinstance(train, RecordedExamples)
-                    else self.compiler.record(check_examples(train, "fit"), progress=self.progress))
-        dev_data = (dev if dev is None or isinstance(dev, RecordedExamples)
-                    else self.compiler.record(check_examples(dev, "fit(dev=)"), progress=self.progress))
-        if dev_data is not None and not len(dev_data):
+    def _recorded(self, data: Iterable[PyObject] | RecordedExamples, where: str) -> RecordedExamples:
+        """``data`` recorded by this trainer's compiler (once: recorded examples come back as they are)."""
+        if isinstance(data, RecordedExamples):
+            return data
+        return self.compiler.record(check_examples(data, where), progress=self.progress)
+
+    def _start(self, options: _FitOptions, train: RecordedExamples, dev: RecordedExamples | None, params: Any,
+               log_dir: str | pathlib.Path | None) -> _Run:
+        """A run at its first step, or where its checkpoint left it (``resume``)."""
+        if dev is not None and not len(dev):
             raise ValueError("fit got no dev examples: pass dev=None to train without evaluating")
-        per_epoch = _steps_per_epoch(len(recorded), self.batch_size, drop_remainder)
-        directory = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
-        run = _Run(self.init(params), None, [], directory, _writer(log_dir))
-        if resume and directory is not None and (directory / LAST).exists():
+        per_epoch = _steps_per_epoch(len(train), self.batch_size, options.drop_remainder)
+        run = _Run(self.init(params), None, [], options, train, dev, per_epoch, _writer(log_dir))
+        if options.resume and options.directory is not None and (options.directory / LAST).exists():
             self._restore(run)
         if run.best_params is None:
             run.best_params = run.state.params
+        run.bar = _bar(self.progress, total=options.epochs * per_epoch, initial=int(run.state.step), desc="training")
+        run.started = time.perf_counter()
+        return run
 
-        bar = _bar(self.progress, total=epochs * per_epoch, initial=int(run.state.step), desc="training")
+    def _epochs(self, run: _Run) -> str:
+        """Runs the epochs left; returns why they stopped (``"epochs"`` or ``"early_stopping"``)."""
+        stopped = "epochs"
+        while int(run.state.epoch) < run.options.epochs:
+            if self._epoch(run):
+                stopped = "early_stopping"
+                break
+        else:
+            # The steps after the last evaluation would otherwise never be evaluated.
+            last = run.history[-1]["step"] if run.history else 0
+            if run.options.eval_every is not None and last < int(run.state.step):
+                self._evaluate(run)
+        self._log_loss(run, None)
+        return stopped
 
-        def evaluate_now() -> bool:
-            """Records an evaluation; True when it asks to stop early."""
-            state = run.state
-            record: dict[str, Any] = {"step": int(state.step), "epoch": int(state.epoch)}
-            self._log_loss(run, None, bar)
-            record["train_loss"] = float(np.mean(run.losses)) if run.losses else math.nan
-            record["seconds"] = round(time.perf_counter() - started, 3)
-            run.losses = []
-            if dev_data is not None:
-                record.update({f"dev_{k}": v for k, v in self.evaluate(state.params, dev_data).items()})
-            if scores is not None:
-                record.update(scores(state.params))
-            stop = False
-            if evaluates:
-                # Without a monitor, the first score decides; losses and errors are minimised.
-                key = monitor or next((k for k in record if k not in ("step", "epoch", "train_loss", "seconds")), "")
-                if key not in record:
-                    raise ValueError(f"monitor={key!r} is not among the scores of an evaluation: {sorted(record)}")
-                sign = -1.0 if (mode or _mode_of(key)) == "max" else 1.0
-                score = float(record[key])
-                if math.isnan(state.best) or sign * score < sign * state.best:
-                    run.state = state._replace(best=score, stale=0)
-                    run.best_params = state.params
-                    if directory is not None:
-                        save_checkpoint(directory / BEST, state.params)
-                else:
-                    run.state = state._replace(stale=int(state.stale) + 1)
-                    stop = patience is not None and int(run.state.stale) >= patience
-                record["best"] = bool(run.state.stale == 0)
-            run.history.append(record)
-            self._report(record, run.writer)
+    def _epoch(self, run: _Run) -> bool:
+        """Runs the rest of the epoch under way and its evaluations; True when one asks to stop early."""
+        options = run.options
+        epoch, done = int(run.state.epoch), int(run.state.epoch_step)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(run.train))
+        stop = run.per_epoch * self.batch_size if options.drop_remainder else len(run.train)
+        run.batches = self.compiler.batches(run.train[order[done * self.batch_size:stop]], self.batch_size,
+                                            num_workers=self.num_workers, drop_remainder=options.drop_remainder)
+        stopping = False
+        for batch in run.batches:
+            self._train_step_on(run, batch, order)
+            if options.eval_every is not None and int(run.state.step) % options.eval_every == 0 and self._evaluate(run):
+                stopping = True
+                break
+        run.close_batches()
+        run.state = run.state._replace(epoch=epoch + 1, epoch_step=0)
+        if stopping or (options.eval_every is None and self._evaluate(run) and options.evaluates):
+            return True
+        if options.eval_every is not None:
             run.save()
-            return stop
+        return False
 
-        stopped, started = "epochs", time.perf_counter()
-        batches: Iterator[Batch] | None = None
-        try:
-            while int(run.state.epoch) < epochs:
-                epoch, done = int(run.state.epoch), int(run.state.epoch_step)
-                order = np.random.default_rng([self.seed, epoch]).permutation(len(recorded))
-                stop = per_epoch * self.batch_size if drop_remainder else len(recorded)
-                batches = self.compiler.batches(recorded[order[done * self.batch_size:stop]], self.batch_size,
-                                                num_workers=self.num_workers, drop_remainder=drop_remainder)
-                stopping = False
-                for batch in batches:
-                    s = run.state
-                    params, opt_state, loss = self._step(s.params, s.opt_state, batch, jnp.int32(s.step))
-                    run.state = s._replace(params=params, opt_state=opt_state, step=int(s.step) + 1,
-                                           epoch_step=int(s.epoch_step) + 1)
-                    first = int(s.epoch_step) * self.batch_size
-                    self._log_loss(run, _Step(int(s.step) + 1, loss, s, order[first:first + self.batch_size]), bar)
-                    if eval_every is not None and int(run.state.step) % eval_every == 0 and evaluate_now():
-                        stopping = True
-                        break
-                batches = None
-                run.state = run.state._replace(epoch=epoch + 1, epoch_step=0)
-                if stopping or (eval_every is None and evaluate_now() and evaluates):
-                    stopped = "early_stopping"
-                    break
-                if eval_every is not None:
-                    run.save()
-            else:
-                # The steps after the last evaluation would otherwise never be evaluated.
-                if eval_every is not None and (run.history[-1]["step"] if run.history else 0) < int(run.state.step):
-                    evaluate_now()
-            self._log_loss(run, None, bar)
-        except _Diverged as diverged:
-            stopped = "diverged"
-            self._stop_diverged(run, diverged, train)
-        except KeyboardInterrupt:
-            stopped = "interrupted"
-            run.save()
-            where = f"; resume from {directory / LAST}" if directory is not None else ""
-            logger.warning("training interrupted at step %d%s", int(run.state.step), where)
-        finally:
-            if batches is not None and hasattr(batches, "close"):
-                batches.close()  # shuts worker processes down
-            bar.close()
-            if run.writer is not None:
-                run.writer.close()
-        best = _best_record(run.history) if evaluates else None
-        return FitResult(run.state.params, run.best_params, best, run.history, run.state, stopped)
+    def _train_step_on(self, run: _Run, batch: Batch, order: np.ndarray) -> None:
+        """One optimizer step on ``batch`` (the next of an epoch visiting examples in ``order``); its
+        loss is read one step later (``_log_loss``)."""
+        s = run.state
+        params, opt_state, loss = self._step(s.params, s.opt_state, batch, jnp.int32(s.step))
+        run.state = s._replace(params=params, opt_state=opt_state, step=int(s.step) + 1,
+                               epoch_step=int(s.epoch_step) + 1)
+        first = int(s.epoch_step) * self.batch_size
+        self._log_loss(run, _Step(int(s.step) + 1, loss, s, order[first:first + self.batch_size]))
+
+    def _evaluate(self, run: _Run) -> bool:
+        """Records an evaluation (the train loss since the last one, dev metrics, scores), keeps the
+        best parameters and saves the run; True when it asks to stop early."""
+        state = run.state
+        record: dict[str, Any] = {"step": int(state.step), "epoch": int(state.epoch)}
+        self._log_loss(run, None)
+        record["train_loss"] = float(np.mean(run.losses)) if run.losses else math.nan
+        record["seconds"] = round(time.perf_counter() - run.started, 3)
+        run.losses = []
+        if run.dev is not None:
+            record.update({f"dev_{k}": v for k, v in self.evaluate(state.params, run.dev).items()})
+        if run.options.scores is not None:
+            record.update(run.options.scores(state.params))
+        stop = run.options.evaluates and run.keep_if_best(record)
+        run.history.append(record)
+        self._report(record, run.writer)
+        run.save()
+        return stop
 
     def _restore(self, run: _Run) -> None:
         """``run``'s state, best parameters and history from its checkpoint_dir."""
-        assert run.directory is not None
+        directory = run.options.directory
+        assert directory is not None
         template = run.state._replace(step=np.int64(0), epoch=np.int64(0), epoch_step=np.int64(0),
                                       best=np.float64(0), stale=np.int64(0))
-        restored = TrainState(**load_checkpoint(run.directory / LAST, template._asdict()))
+        restored = TrainState(**load_checkpoint(directory / LAST, template._asdict()))
         run.state = restored._replace(step=int(restored.step), epoch=int(restored.epoch),
                                       epoch_step=int(restored.epoch_step), best=float(restored.best),
                                       stale=int(restored.stale))
-        if (run.directory / BEST).exists():
-            run.best_params = load_checkpoint(run.directory / BEST, run.state.params)
-        if (run.directory / HISTORY).exists():
-            run.history = json.loads((run.directory / HISTORY).read_text())
-        logger.info("resumed from %s at step %d (epoch %d)", run.directory / LAST, run.state.step, run.state.epoch)
+        if (directory / BEST).exists():
+            run.best_params = load_checkpoint(directory / BEST, run.state.params)
+        if (directory / HISTORY).exists():
+            run.history = json.loads((directory / HISTORY).read_text())
+        logger.info("resumed from %s at step %d (epoch %d)", directory / LAST, run.state.step, run.state.epoch)
 
-    def _log_loss(self, run: _Run, step: _Step | None, bar: Any) -> None:
+    def _log_loss(self, run: _Run, step: _Step | None) -> None:
         """Logs the pending step's loss, which is ready once the next step is queued (reading it
         then does not stall the device), and makes ``step`` (the one just taken) pending.
 
@@ -419,10 +498,10 @@ class Trainer:
             run.losses.append(value)
             if run.writer is not None:
                 run.writer.add_scalar("train/loss", value, run.pending.step)
-            bar.set_postfix(loss=f"{value:.4g}", refresh=False)
+            run.bar.set_postfix(loss=f"{value:.4g}", refresh=False)
         run.pending = step
         if step is not None:
-            bar.update(1)
+            run.bar.update(1)
 
     def _stop_diverged(self, run: _Run, diverged: _Diverged, train: Any) -> None:
         """Goes back to the state before the diverging step when it is finite (saving it as the last

@@ -358,3 +358,34 @@ def test_a_learning_rate_too_high_stops_the_run_before_its_parameters_overflow(c
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(run.params))
     (message,) = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
     assert f"training diverged at step {int(run.state.step) + 1}" in message
+
+
+def test_fit_options_are_checked_before_any_work():
+    from fold.trainer import _FitOptions
+
+    with pytest.raises(ValueError, match="resume=True needs the checkpoint_dir"):
+        _FitOptions.checked(1, None, None, None, None, None, None, None, True, True, "loss")
+    with pytest.raises(ValueError, match="patience needs evaluations"):
+        _FitOptions.checked(1, None, None, None, None, None, 2, None, False, True, "loss")
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
+        _FitOptions.checked(1, [1], None, None, None, "up", None, None, False, True, "loss")
+    options = _FitOptions.checked(3, [1], None, 5, None, None, None, "runs/a", False, True, "loss")
+    assert (options.monitor, options.evaluates, str(options.directory)) == ("dev_loss", True, "runs/a")
+    assert _FitOptions.checked(3, [1], None, None, None, None, None, None, False, True, len).monitor is None
+
+
+def test_an_evaluation_keeps_the_best_parameters_and_counts_patience():
+    from fold.trainer import _FitOptions, _Run
+
+    options = _FitOptions.checked(1, [1], None, None, None, None, 2, None, False, True, "loss")
+    run = _Run(fd.TrainState({"w": 1.0}, None, 0, 0, 0, float("nan"), 0), None, [], options, None, None, 1, None)
+    records = [{"dev_loss": 1.0}, {"dev_loss": 0.5}, {"dev_loss": 0.7}, {"dev_loss": 0.6}]
+    stops = []
+    for w, record in enumerate(records):
+        run.state = run.state._replace(params={"w": float(w)})
+        stops.append(run.keep_if_best(record))
+    assert stops == [False, False, False, True]  # two evaluations in a row without improving on 0.5
+    assert [r["best"] for r in records] == [True, True, False, False]
+    assert run.best_params == {"w": 1.0} and run.state.best == 0.5 and run.state.stale == 2
+    with pytest.raises(ValueError, match="monitor='dev_loss' is not among the scores"):
+        run.keep_if_best({"accuracy": 1.0})

@@ -42,21 +42,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext, Step
 from fold.blocks.types import Type, convert_to_type
 from fold.errors import LeafError, set_type, type_error
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = ["Block", "convert_to_block", "Repeat", "run_leaf", "scope_stack", "set_child", "unify"]
 
 _scopes = threading.local()
 
 
-def run_leaf(block: Block, x: Any, ctx: HostContext, label: Any = None) -> Any:
+def run_leaf(block: Step, x: Any, ctx: HostContext, label: Any = None) -> Any:
     """Runs leaf ``block`` on ``x`` from inside a parent's ``_host`` generator (or a leaf ``Pipe``)."""
     try:
         return block._host_leaf(x, ctx)
@@ -294,10 +291,10 @@ class Block(metaclass=_BlockMeta):
         raise TypeError(f"{self!r} defines no host walk")
         yield  # pragma: no cover
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         """Emits this block's host work on variable ``x`` into a host plan; returns the result's variable.
 
-        ``em`` is a ``fold.scheduler.plan.Emitter``. The default runs
+        ``em`` is the plan's emitter (``fold/blocks/host.py``). The default runs
         ``_host_leaf`` (leaves) or the generic walk (composites); blocks on
         hot paths emit straight-line code doing the same work in the same
         order as their ``_host``.
@@ -339,6 +336,9 @@ class Block(metaclass=_BlockMeta):
         return self._compiler_for_eval().max_depth(example)
 
     def _compiler_for_eval(self) -> Any:
+        # The one import from the blocks to the compiler (docs/design.md): ``eval`` runs a block
+        # the way Fold's ``block.eval`` does, through a whole compiler. It happens at call time,
+        # so loading the blocks never loads the compiler.
         from fold.compiler.compiler import Compiler
 
         if self._eval_compiler is None:

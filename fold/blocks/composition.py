@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, scope_stack, unify
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext
 from fold.blocks.types import TupleType, VoidType, convert_to_type, fold_type
 from fold.errors import set_type, type_error
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = ["Composition"]
 
@@ -233,7 +230,7 @@ class Composition(Block):
                 vals[b] = run_leaf(b, inp, ctx) if b._leaf else (yield b, inp, None)
         return vals[self.output]
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         if self._order is None:
             self._validate()
         vals: dict = {self.input: x}

@@ -5,17 +5,14 @@ from __future__ import annotations
 import functools
 import reprlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, unify
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext
 from fold.blocks.types import PyObjectType, TensorType, TupleType, Type, VoidType
 from fold.errors import ExplainedTypeError
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = ["OneOf", "ForwardDeclaration", "Metric"]
 
@@ -108,7 +105,7 @@ class OneOf(Block):
             x = yield self.pre_block, x, "OneOf[pre]"
         return run_leaf(case, x, ctx, "OneOf") if case._leaf else (yield case, x, "OneOf")
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         if self.key_block is not None:
             key = em.emit(self.key_block, x)
         else:
@@ -210,7 +207,7 @@ class _Reference(Block):
             raise ValueError(f"{self.decl!r} is called on an object it is already processing, so it would "
                              f"recurse forever: the input contains itself ({reprlib.repr(x)}), or the recursion "
                              "consumes no input")
-        limit = ctx.program.limits.max_recursion
+        limit = ctx.limits.max_recursion
         if len(ctx.recursing) >= limit:
             raise ValueError(f"{self.decl!r} recurses more than {limit:,} calls deep: raise the limit with "
                              "Compiler.create(max_recursion=...) if the input is meant to be this deep, or check "
@@ -222,7 +219,7 @@ class _Reference(Block):
         finally:
             ctx.recursing.discard(call)
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         return em.recurse(self.decl, x)
 
 
@@ -278,7 +275,7 @@ class Metric(Block):
             ctx.metric(self.metric_name, x)
         return None
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         if self.labeled:
             em.metric(self.metric_name, f"{x}[0]", f"{x}[1]")
         else:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fold.blocks.base import Block, Repeat, run_leaf, unify
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -31,9 +31,6 @@ from fold.blocks.types import (
     is_tensor_tree,
     requested_dtype,
 )
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = [
     "Tensor",
@@ -181,7 +178,7 @@ class Tensor(Block):
     def _host_leaf(self, x: Any, ctx: HostContext) -> int:
         return ctx.const(self._ttype, self._convert(x))
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         return em.const(self._ttype, f"{em.bind(self._convert, 'convert')}({x})")
 
 
@@ -196,8 +193,21 @@ def Vector(size: int, dtype: Any = "float32", name: str | None = None) -> Tensor
 
 
 class FromTensor(Block):
-    """A constant: the given NumPy (or JAX) array, whatever the input (a Python number or list is a
-    TypeError, as in Fold: it has no dtype of its own)."""
+    """A constant: the given NumPy (or JAX) array (a Python number or list is a TypeError, as in
+    Fold: it has no dtype of its own).
+
+    As in Fold, it reads no input: its input type is ``VoidType()``. It fits where a void input
+    arrives (a ``Fold``'s or ``RNN``'s start, an ``Optional``'s none case, a ``Composition`` block
+    that reads nothing, a root run on None); where a block would pass it a value, write
+    ``fd.Void() >> fd.FromTensor(x)``.
+
+    Examples:
+        >>> import fold as fd, numpy as np
+        >>> fd.FromTensor(np.float32(1)).input_type
+        VoidType()
+        >>> (fd.AllOf(fd.Scalar(), fd.Void() >> fd.FromTensor(np.float32(1))) >> fd.Sum()).eval(2)
+        array(3., dtype=float32)
+    """
 
     _leaf = True
 
@@ -215,7 +225,14 @@ class FromTensor(Block):
         except ValueError as e:
             raise ValueError(f"FromTensor: {e} (JAX holds {arr.dtype} as {self._ttype.dtype} while "
                              "jax_enable_x64 is off)") from None
-        super().__init__(name, None, self._ttype)
+        super().__init__(name, VoidType(), self._ttype)
+
+    def set_input_type(self, input_type: Any) -> Block:
+        t = convert_to_type(input_type)
+        if t != VoidType():
+            raise TypeError(f"{self!r} reads no input (its input type is VoidType()) and cannot take {t}: write "
+                            "fd.Void() >> fd.FromTensor(...) where a value arrives")
+        return super().set_input_type(t)
 
     @property
     def tensor(self) -> np.ndarray:
@@ -398,9 +415,11 @@ class Optional(Block):
         some = self.some_case
         return run_leaf(some, x, ctx) if some._leaf else (yield some, x, None)
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
+        none_case = self.none_case
+        assert none_case is not None  # made by _infer, which every compiled model ran
         out = em.var()
-        em.branches([(f"{x} is None", lambda: em.line(f"{out} = {em.emit(self.none_case, 'None')}")),
+        em.branches([(f"{x} is None", lambda: em.line(f"{out} = {em.emit(none_case, 'None')}")),
                      (None, lambda: em.line(f"{out} = {em.emit(self.some_case, x)}"))])
         return out
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fold.blocks.base import Block, is_block_like, run_leaf, set_child, unify
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -20,9 +20,6 @@ from fold.blocks.types import (
     VoidType,
     convert_to_type,
 )
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
 
@@ -84,7 +81,7 @@ class Pipe(Block):
             x = run_leaf(b, x, ctx) if b._leaf else (yield b, x, None)
         return x
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         for b in em.steps(self):
             x = em.emit(b, x)
         return x
@@ -184,7 +181,7 @@ class Record(Block):
             out.append(run_leaf(b, v, ctx, label) if b._leaf else (yield b, v, label))
         return tuple(out)
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         return em.tuple([em.emit(b, em.assign(f"{x}[{em.literal(k)}]")) for k, b in self._fields])
 
 
@@ -218,7 +215,7 @@ class AllOf(Block):
             out.append(run_leaf(b, x, ctx, ("AllOf[{}]", i)) if b._leaf else (yield b, x, ("AllOf[{}]", i)))
         return tuple(out)
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         if not self._blocks:
             return em.assign("None")
         return em.tuple([em.emit(b, x) for b in self._blocks])
@@ -271,7 +268,7 @@ class GetItem(Block):
             raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}"
                             f"{_attribute_hint(x, self.key)}") from None
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         return em.item(x, self.key)
 
 

@@ -7,14 +7,14 @@ PyObject that is iterable (each element a PyObject).
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fold.blocks.base import Block, Repeat, run_leaf, set_child, unify
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext
 from fold.blocks.inputs import Identity, Zeros, to_array
 from fold.blocks.layers import Layer
 from fold.blocks.plumbing import AllOf, Pipe
@@ -32,9 +32,6 @@ from fold.blocks.types import (
     tensor_types,
 )
 from fold.errors import type_error
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Softmax", "Broadcast", "Zip",
            "ZipWith", "NGrams", "Nth", "Length"]
@@ -66,7 +63,7 @@ def _as_list(block: Block, x: Any, ctx: HostContext) -> list:
         hint = " (for its values or items, put GetItem or InputTransform(lambda d: list(d.items())) before it)" \
             if isinstance(x, dict) else " (its order varies between runs: give a list, e.g. sorted(...))"
         raise TypeError(f"{block!r} expected a sequence, got a {type(x).__name__}{hint}")
-    limit = ctx.program.limits.max_nodes
+    limit = ctx.limits.max_nodes
     if isinstance(x, jax.Array):
         # One transfer, not a device slice per item. A traced value raises here, for the walk to
         # say to build batches outside jit.
@@ -143,7 +140,7 @@ class Map(Block):
             out.append((yield elem, v, ("Map[{}]", i)))
         return out
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         out = em.var("seq")
         em.over_list(self, x, out, lambda: "[]", lambda e: f"{out}.append({em.emit(self.element_block, e)})")
         return out
@@ -187,7 +184,7 @@ class Fold(Block):
             acc = yield self.combine_block, (acc, v), f"Fold[{i}]"
         return acc
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         acc = em.var("acc")
         em.over_list(self, x, acc, lambda: em.emit(self.start_block, "None"),
                      lambda e: f"{acc} = {em.emit(self.combine_block, f'({acc}, {e})')}")

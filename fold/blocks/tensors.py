@@ -7,7 +7,7 @@ its calls at the same depth of a batch's schedule run as one batched call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,13 +15,10 @@ import numpy as np
 
 from fold.blocks.adapters import holds_arrays
 from fold.blocks.base import Block
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext
 from fold.blocks.layers import Layer
 from fold.blocks.types import TensorType, TupleType, Type, VoidType
 from fold.errors import ExplainedTypeError
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = ["Function", "Concat", "OpSpec", "flatten_value", "unflatten_value"]
 
@@ -232,7 +229,7 @@ class Function(Block):
     def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return ctx.call(self, x)
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         return em.call(self, x)
 
 
@@ -328,6 +325,6 @@ class Concat(Block):
     def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return ctx.call(self, x)
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         return em.call(self, x)
 

@@ -12,44 +12,31 @@ Examples:
 from __future__ import annotations
 
 import functools
-import itertools
-import uuid
-import weakref
-import zlib
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NoReturn, overload
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 
-from fold.blocks.base import Repeat
-from fold.blocks.tensors import flatten_value, unflatten_value
-from fold.blocks.types import (
-    BroadcastSequenceType,
-    SequenceType,
-    TensorType,
-    TupleType,
-    Type,
-    VoidType,
-)
+from fold.blocks.host import DEFAULT_LIMITS, ExampleLimits
+from fold.blocks.tensors import unflatten_value
 from fold.compiler import numerics, sharding
+from fold.compiler.batching import Batcher, Devices
+from fold.compiler.build import build_program, root_is_tensors
 from fold.compiler.executor import Executor
-from fold.compiler.program import Program, build_program, root_is_tensors
+from fold.compiler.params import LayerParams, Params, is_key
 from fold.compiler.result import MetricValues, Result
-from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy, abstract_params
+from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy
 from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import CompilerStats, StatsRecorder
-from fold.errors import InvalidConstant, check_examples, check_int
-from fold.scheduler.background import IdlePool, build_ahead
+from fold.compiler.summary import summary
+from fold.errors import check_examples, check_int
 from fold.scheduler.batch import Batch
-from fold.scheduler.builder import DEFAULT_LIMITS, BatchBuilder, ExampleChunk, ExampleLimits, gc_paused, run_examples
-from fold.scheduler.layouts import LayoutPolicy
-from fold.scheduler.records import RecordedExamples, record
-from fold.scheduler.schedule import MIN_ITEM, schedule
-from fold.scheduler.walk import walk
+from fold.scheduler.builder import run_examples
+from fold.scheduler.program import Program
+from fold.scheduler.records import RecordedExamples
+from fold.scheduler.schedule import MIN_ITEM
 
 __all__ = ["Compiler"]
 
@@ -89,17 +76,13 @@ class Compiler:
         self.backward = backward
         self.save_limit = int(save_limit)
         self._stats = StatsRecorder()
-        self._layouts = LayoutPolicy([(t.shape, t.dtype) for t in program.types], int(max_layouts))
-        self._token = uuid.uuid4().hex  # marks the examples and batches this compiler makes
-        # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the compiler.
-        self._idle_workers = IdlePool()
-        weakref.finalize(self, self._idle_workers.close)
         self.executor = Executor(program)
-        self._param_structs_by_x64: dict[bool, Any] = {}
-        self._saving = SavePolicy(backward, self.save_limit, self.executor, lambda: self._param_structs)
+        self._params = LayerParams(program.layers)
+        self._saving = SavePolicy(backward, self.save_limit, self.executor, lambda: self._params.structs)
+        self._batcher = Batcher(program, self.chunk_sizes, self._saving, int(max_layouts), self._stats)
+        self._token = self._batcher.token
         self._arenas_jit = jax.jit(self._arenas)
         self._apply_jit = jax.jit(self._apply)
-        self._shared_layouts = sharding.SharedLayouts([(t.shape, t.dtype) for t in program.types])
 
     def __repr__(self) -> str:
         p = self.program
@@ -197,7 +180,7 @@ class Compiler:
         return cls(build_program(block, any_root=True, fuse=False), chunk_size=8, backward="recompute")
 
     # ---------------------------------------------------------- parameters
-    def init(self, key: jax.Array) -> dict:
+    def init(self, key: jax.Array) -> Params:
         """Parameters for every layer: ``{layer name: params}``.
 
         Each layer's key is derived from ``key`` and its name, so adding a
@@ -212,14 +195,9 @@ class Compiler:
         Raises:
           TypeError: ``key`` is not a PRNG key.
         """
-        if not _is_key(key):
-            raise TypeError(f"init needs a PRNG key such as jax.random.key(0), got {key!r}")
-        params = {}
-        for name, (layer, t) in sorted(self.program.layers.items()):
-            params[name] = layer.init(jax.random.fold_in(key, zlib.crc32(name.encode())), t)
-        return params
+        return self._params.init(key)
 
-    def prepare_params(self, params: Any) -> dict:
+    def prepare_params(self, params: Any) -> Params:
         """Checks ``params`` and stops gradients of non-trainable layers (``apply`` calls this).
 
         Raises:
@@ -227,44 +205,7 @@ class Compiler:
             another structure, shape or dtype than ``init`` gives them.
           KeyError: a layer has no entry.
         """
-        if not isinstance(params, dict):
-            raise TypeError(f"params must be the dict from compiler.init, got {type(params).__name__}")
-        missing = [n for n in self.program.layers if n not in params]
-        if missing:
-            raise KeyError(f"params has no entry for layer(s) {missing}; make them with compiler.init")
-        self._check_param_shapes(params)
-        out = dict(params)
-        for name, (layer, _) in self.program.layers.items():
-            if not layer.trainable:
-                out[name] = jax.lax.stop_gradient(params[name])
-        return out
-
-    @property
-    def _param_structs(self) -> Any:
-        """What ``init`` gives: per layer, its parameters' shapes and dtypes (which depend on
-        whether 64-bit types are on)."""
-        x64 = bool(jax.config.read("jax_enable_x64"))
-        if x64 not in self._param_structs_by_x64:
-            self._param_structs_by_x64[x64] = abstract_params(self.init)
-        return self._param_structs_by_x64[x64]
-
-    def _check_param_shapes(self, params: dict) -> None:
-        """Every layer's parameters have the structure, shapes and dtypes ``init`` gives them: a
-        bias of shape (1,) for (4,) or int32 weights would otherwise broadcast or cast silently.
-        Runs where ``apply`` is traced (shapes are static), so once per layout."""
-        for name in sorted(self.program.layers):
-            want, got = self._param_structs[name], params[name]
-            want_leaves, want_tree = jax.tree_util.tree_flatten_with_path(want)
-            got_leaves, got_tree = jax.tree_util.tree_flatten_with_path(got)
-            if want_tree != got_tree:  # type: ignore[operator]  # jaxlib's stubs omit PyTreeDef.__ne__
-                raise TypeError(f"params[{name!r}] has structure {got_tree}, but layer {name!r} has "
-                                f"{want_tree}; make params with compiler.init")
-            for (path, w), (_, g) in zip(want_leaves, got_leaves):
-                shape, dtype = np.shape(g), (g.dtype if hasattr(g, "dtype") else np.asarray(g).dtype)
-                if shape != w.shape or np.dtype(dtype) != np.dtype(w.dtype):
-                    raise TypeError(f"params[{name!r}]{jax.tree_util.keystr(path)} has shape {shape} and dtype "
-                                    f"{np.dtype(dtype)}, but layer {name!r} needs shape {w.shape} and dtype "
-                                    f"{np.dtype(w.dtype)}; make params with compiler.init")
+        return self._params.prepare(params)
 
     # -------------------------------------------------------------- batches
     def saved_row_bytes(self, chunk: int) -> tuple[int, ...]:
@@ -272,49 +213,16 @@ class Compiler:
         row with chunk size ``chunk`` when a batch saves (``SavePolicy.row_bytes``)."""
         return self._saving.row_bytes(chunk)
 
-    def _build(self, examples: Sequence[Any], keep_host: bool = False,
-               dataset_indices: Sequence[int] | None = None) -> tuple[Batch, BatchBuilder, list]:
-        builder, outputs = run_examples(self.program, examples, dataset_indices=dataset_indices)
-        with gc_paused():
-            roots = self._roots(outputs)
-            try:
-                batch = schedule(self.program, builder.arrays(), roots, len(examples), self.chunk_sizes, keep_host,
-                                 owner=self._token)
-            except InvalidConstant as e:
-                self._raise_invalid_constant(examples, e, dataset_indices)
-        return batch, builder, outputs
-
-    def _roots(self, outputs: list) -> list[np.ndarray]:
-        """Per root tensor leaf, the value id it has in each example's host output."""
-        if not self.program.root_leaves:
-            return []
-        ids = np.asarray([flatten_value(v) for v in outputs], np.int64).reshape(len(outputs), -1)
-        return [ids[:, leaf] for leaf in range(len(self.program.root_leaves))]
-
-    def _raise_invalid_constant(self, examples: Sequence[Any], e: InvalidConstant,
-                                dataset_indices: Sequence[int] | None = None) -> NoReturn:
-        """A layer rejected a constant input (checked for all calls at once): the walk, which checks
-        call by call, runs the examples again to raise it like any malformed example, naming the
-        first bad one and its block path."""
-        for i, x in enumerate(examples):
-            again = BatchBuilder(self.program)
-            again.example_index, again.dataset_indices = i, dataset_indices
-            try:
-                walk(self.program.root, x, again)
-            finally:
-                again.finish()
-        raise e.error from None
-
     @overload
     def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False,
                     devices: None = None, axis: str = sharding.AXIS) -> Batch: ...
 
     @overload
     def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False, *,
-                    devices: int | Mesh | Sequence[Any], axis: str = sharding.AXIS) -> ShardedBatch: ...
+                    devices: Devices, axis: str = sharding.AXIS) -> ShardedBatch: ...
 
     def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False,
-                    devices: int | Mesh | Sequence[Any] | None = None,
+                    devices: Devices | None = None,
                     axis: str = sharding.AXIS) -> Batch | ShardedBatch:
         """Walks every example on the host and builds its schedule (NumPy only).
 
@@ -348,88 +256,7 @@ class Compiler:
           ValueError: no examples, or examples another compiler recorded.
           TypeError: ``examples`` is a string, dict or set, or not iterable.
         """
-        if not isinstance(examples, RecordedExamples):
-            examples = list(check_examples(examples, "build_batch"))
-        if devices is not None:
-            if exact_layout:
-                raise ValueError("exact_layout and devices do not go together: a sharded batch's parts share a layout")
-            return self._build_sharded(examples, devices, axis, None)
-        batch = self._saving.decide(self._build_batch(examples))
-        if not exact_layout:
-            batch = self._layouts.assign(batch)
-        batch.example_indices = (examples.indices if isinstance(examples, RecordedExamples)
-                                 else np.arange(len(examples)))
-        self._stats.built(batch)
-        return batch
-
-    def _build_batch(self, examples: Iterable[Any] | RecordedExamples | ExampleChunk,
-                     chunk_sizes: tuple[int, ...] | None = None) -> Batch:
-        """The batch of ``examples`` in its own layout, before the save policy and the layout
-        policy see it, and not counted in ``stats``: NumPy only (workers run this). ``C`` is
-        picked among ``chunk_sizes`` (recorded examples only; default: the compiler's)."""
-        if isinstance(examples, RecordedExamples):
-            self._check_owner(examples)
-            if not len(examples):
-                raise ValueError("build_batch needs at least one example")
-            rec, roots = examples.merged()
-            return schedule(self.program, rec, roots, len(examples), chunk_sizes or self.chunk_sizes, check=False,
-                            owner=self._token)
-        if isinstance(examples, ExampleChunk):
-            return self._build(examples.examples, dataset_indices=examples.indices)[0]
-        examples = examples if isinstance(examples, list) else list(examples)  # build_batch listed them
-        if not examples:
-            raise ValueError("build_batch needs at least one example")
-        return self._build(examples)[0]
-
-    def _check_owner(self, recorded: RecordedExamples) -> None:
-        if recorded.owner != self._token:
-            raise ValueError("these examples were recorded by another compiler; record them with this one")
-
-    def _build_sharded(self, examples: list | RecordedExamples | ExampleChunk, devices: Any, axis: str,
-                       dataset_indices: Sequence[int] | None) -> ShardedBatch:
-        """This process's examples as its share of a ``ShardedBatch`` over ``devices``."""
-        mesh = sharding.device_mesh(devices, axis)
-        if isinstance(examples, RecordedExamples):
-            recorded = examples
-        else:
-            listed = examples.examples if isinstance(examples, ExampleChunk) else list(examples)
-            try:
-                recorded = record(self.program, listed, self._token, dataset_indices)
-            except InvalidConstant as e:
-                self._raise_invalid_constant(listed, e, dataset_indices)
-        if not len(recorded):
-            raise ValueError("build_batch needs at least one example")
-        self._check_owner(recorded)
-        local = sharding.local_devices(mesh, axis)
-        if not local:
-            raise ValueError(f"no device of the mesh belongs to process {jax.process_index()}")
-        costs = recorded.node_counts()
-        members = sharding.partition(costs, len(local))
-        # A device with no example of its own runs the cheapest one again, its rows marked padding.
-        filler = np.asarray([int(np.argmin(costs))])
-        shares = [recorded[m if len(m) else filler] for m in members]
-        parts = [self._build_batch(share) for share in shares]
-        # Each part picks its own C (a small part may take a smaller one); the step's parts, here
-        # and in every other process, share a layout, so they all take the largest.
-        chunk = int(sharding.gather_counts(max(p.layout.chunk for p in parts)).max())
-        parts = [self._saving.decide(p if p.layout.chunk == chunk else self._build_batch(share, chunk_sizes=(chunk,)))
-                 for p, share in zip(parts, shares)]
-        parts = self._shared_layouts.pad(parts, sharding.gather_layouts)
-        counts = sharding.gather_counts(len(recorded))
-        offset = int(counts[:jax.process_index()].sum())
-        rows = parts[0].layout.num_examples
-        example_map = np.full((len(local), rows), -1, np.int32)
-        positions = np.zeros(len(recorded), np.int32)
-        for k, (d, m) in enumerate(zip(local, members)):
-            example_map[k, :len(m)] = offset + m
-            positions[m] = d * rows + np.arange(len(m))
-        batch = sharding.assemble(parts, example_map, sharding.gather_positions(positions, counts), mesh, axis,
-                                  self._token)
-        batch.nodes = np.asarray([costs[m].sum() for m in members])
-        batch.example_indices = np.arange(len(recorded)) if dataset_indices is None else np.asarray(dataset_indices)
-        for part in parts:
-            self._stats.built(part)
-        return batch
+        return self._batcher.build_batch(examples, exact_layout, devices, axis)
 
     def record(self, examples: Iterable[Any] | RecordedExamples, progress: bool = False) -> RecordedExamples:
         """Walks every example on the host once and keeps what it records as arrays.
@@ -467,19 +294,7 @@ class Compiler:
                 for batch in compiler.batches(train, 64, shuffle=True):
                     ...
         """
-        if isinstance(examples, RecordedExamples):  # recorded already (a notebook cell run twice)
-            self._check_owner(examples)
-            return examples
-        examples = list(check_examples(examples, "record"))
-        walked: Iterable[Any] = examples
-        if progress:
-            from tqdm.auto import tqdm
-
-            walked = tqdm(examples, desc="recording examples", unit="ex")
-        try:
-            return record(self.program, walked, self._token)
-        except InvalidConstant as e:
-            self._raise_invalid_constant(examples, e)
+        return self._batcher.record(examples, progress)
 
     @overload
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
@@ -489,12 +304,12 @@ class Compiler:
     @overload
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None, *,
-                devices: int | Mesh | Sequence[Any], axis: str = sharding.AXIS,
+                devices: Devices, axis: str = sharding.AXIS,
                 prefetch: bool = True) -> Iterator[ShardedBatch]: ...
 
     def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
-                devices: int | Mesh | Sequence[Any] | None = None, axis: str = sharding.AXIS,
+                devices: Devices | None = None, axis: str = sharding.AXIS,
                 prefetch: bool = True) -> Iterator[Batch] | Iterator[ShardedBatch]:
         """Yields built batches of ``batch_size`` examples.
 
@@ -558,58 +373,8 @@ class Compiler:
             as ``build_batch`` raises it, naming its index in ``examples``.
           RuntimeError: a worker process died.
         """
-        batch_size, num_workers = check_int("batch_size", batch_size, 1), check_int("num_workers", num_workers, 0)
-        if devices is not None and num_workers:
-            raise ValueError("batches(devices=...) builds in the calling process: pass num_workers=0 "
-                             "(several processes each build their own share)")
-        if not isinstance(examples, RecordedExamples):
-            check_examples(examples, "batches")
-        pieces = self._pieces(examples, batch_size, shuffle, drop_remainder, seed)
-        indices: deque[np.ndarray] = deque()
-
-        def chunks() -> Iterator[RecordedExamples | ExampleChunk]:
-            # Read lazily as batches are built ahead: a stream of examples is taken only as far as
-            # the batches need. Each chunk's indices wait for its batch in ``indices``.
-            for chunk, idx in pieces:
-                indices.append(idx)
-                yield chunk
-
-        if devices is not None:
-            for chunk, idx in pieces:
-                yield self._build_sharded(chunk, devices, axis, idx.tolist())
-            return
-        built = ((self._build_batch(chunk) for chunk in chunks()) if num_workers == 0 and not prefetch
-                 else build_ahead(self._build_batch, chunks(), num_workers, self._idle_workers))
-        # Saving is decided and layouts are handed out here, in the batches' order, the first
-        # layouts planned from a few batches ahead.
-        for batch in self._layouts.stream(map(self._saving.decide, built)):
-            batch.example_indices = indices.popleft()
-            self._stats.built(batch)  # counted here: workers have their own copy of the counters
-            yield batch
-
-    @staticmethod
-    def _pieces(examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool, drop_remainder: bool,
-                seed: int | None) -> Iterator[tuple[RecordedExamples | ExampleChunk, np.ndarray]]:
-        """``batches``' examples cut into batches, each with its examples' indices in ``examples``:
-        lazily, reading ``examples`` as far as the batches taken need, unless they are shuffled
-        (a permutation needs them all)."""
-        if isinstance(examples, RecordedExamples) or shuffle:
-            every = examples if isinstance(examples, RecordedExamples) else list(examples)
-            order = np.random.default_rng(seed).permutation(len(every)) if shuffle else np.arange(len(every))
-            for start in range(0, len(order), batch_size):
-                idx = order[start:start + batch_size]
-                if drop_remainder and len(idx) < batch_size:
-                    return
-                yield (every[idx] if isinstance(every, RecordedExamples)
-                       else ExampleChunk([every[j] for j in idx], idx.tolist())), idx
-            return
-        stream = iter(examples)
-        for start in itertools.count(0, batch_size):
-            piece = list(itertools.islice(stream, batch_size))
-            if not piece or (drop_remainder and len(piece) < batch_size):
-                return
-            idx = np.arange(start, start + len(piece))
-            yield ExampleChunk(piece, idx.tolist()), idx
+        return self._batcher.batches(examples, batch_size, shuffle, num_workers, drop_remainder, seed, devices, axis,
+                                     prefetch)
 
     # ---------------------------------------------------------------- apply
     @functools.cached_property
@@ -660,7 +425,7 @@ class Compiler:
         if batch.owner != self._token:
             raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
                              "build it with this compiler's build_batch or batches")
-        if key is not None and not _is_key(key):
+        if key is not None and not is_key(key):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
         if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
             return self._apply_jit(params, batch, key)
@@ -717,11 +482,11 @@ class Compiler:
                             "not examples recorded with compiler.record")
         examples = list(check_examples(examples, "check_numerics"))
         numerics.check_arguments(examples, dataset_indices)
-        batch, builder, _ = self._build(examples, keep_host=True, dataset_indices=dataset_indices)
+        batch, builder, _ = self._batcher.build(examples, keep_host=True, dataset_indices=dataset_indices)
         numerics.check_values(self.program, builder, batch, self._arenas_jit(params, batch), dataset_indices)
         # A second compiler of the program builds the one-example batches: this one's layouts stay as they were.
         alone = Compiler(self.program, self.chunk_sizes, self.backward, self.save_limit)
-        numerics.check_gradients(alone, params, examples, loss, dataset_indices)
+        numerics.check_gradients(alone.apply, alone.build_batch, params, examples, loss, dataset_indices)
 
     def summary(self) -> str:
         """What the model is made of: its layers with their parameters' shapes and counts, its
@@ -738,25 +503,7 @@ class Compiler:
               1  Function(maximum)  TupleType(TensorType((3,), 'float32'), TensorType((3,), 'float32')) -> ...
             tensor types (arenas): TensorType((3,), 'float32'), TensorType((2,), 'float32')
         """
-        p = self.program
-        structs = self._param_structs
-        layers = []
-        for name, (layer, t) in sorted(p.layers.items()):
-            leaves = jax.tree_util.tree_flatten_with_path(structs[name])[0]
-            shapes = ", ".join(f"{jax.tree_util.keystr(path).strip('[]').strip(chr(39))} {tuple(x.shape)}"
-                               for path, x in leaves)
-            count = sum(int(np.prod(x.shape)) for _, x in leaves)
-            layers.append((name, type(layer).__name__, f"takes {t}", shapes or "no parameters", str(count)))
-        total = sum(int(row[-1]) for row in layers)
-        lines = [f"root {p.root!r}: {p.root.input_type} -> {p.output_type}", f"layers ({total:,} parameters):"]
-        lines += _table(layers) or ["  (none)"]
-        lines.append(f"operations ({len(p.ops)}; one batched call per depth each):")
-        lines += _table([(str(o), op.spec.label, f"{op.spec.in_type} -> {op.spec.out_type}")
-                         for o, op in enumerate(p.ops)]) or ["  (none)"]
-        if p.metric_types:
-            lines.append("metrics: " + ", ".join(f"{n} {t}" for n, t in p.metric_types.items()))
-        lines.append("tensor types (arenas): " + ", ".join(str(t) for t in p.types))
-        return "\n".join(lines)
+        return summary(self.program, self._params.structs)
 
     def stats(self, reset: bool = False) -> CompilerStats:
         """Counts of what this compiler has built and traced (see ``CompilerStats``).
@@ -776,49 +523,16 @@ class Compiler:
         """Evaluates one example; see ``Block.eval``."""
         if params is None:
             params = self.init(jax.random.key(0))
-        builder, (value,) = run_examples(self.program, [example], indexed=False)
-        try:
-            batch = schedule(self.program, builder.arrays(), [], 1, self.chunk_sizes, keep_host=True, owner=self._token)
-        except InvalidConstant as e:
-            self._raise_invalid_constant([example], e)
+        batch, builder, (value,) = self._batcher.build([example], keep_host=True, indexed=False)
         host = batch.host
         assert host is not None  # kept: keep_host=True
         arenas = {t: np.asarray(a) for t, a in self._arenas_jit(params, batch).items()}
-
-        def convert(v: Any, t: Type) -> Any:
-            if isinstance(t, TensorType):
-                return np.array(arenas[int(host.v_type[v])][int(host.v_row[v])])
-            if isinstance(t, TupleType):
-                return tuple(convert(i, it) for i, it in zip(v, t))
-            if isinstance(t, BroadcastSequenceType):
-                return itertools.repeat(convert(v.value if isinstance(v, Repeat) else v, t.element_type))
-            if isinstance(t, SequenceType):
-                return [convert(i, t.element_type) for i in v]
-            if isinstance(t, VoidType):
-                return None
-            return v
-
-        out = convert(value, self.program.output_type)
+        out = host.read(value, self.program.output_type, arenas)
         if not self.program.metric_types:
             return out
-        metrics = {name: [convert(vid, t) for vid in builder.metric_values[name]]
+        metrics = {name: [host.read(vid, t, arenas) for vid in builder.metric_values[name]]
                    for name, t in self.program.metric_types.items()}
         return out, metrics
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    """``rows`` as indented lines with aligned columns (the last one ragged)."""
-    if not rows:
-        return []
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  " + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]) for r in rows]
-
-
-def _is_key(key: Any) -> bool:
-    """A typed PRNG key (``jax.random.key``) or a raw one (``jax.random.PRNGKey``: two uint32s)."""
-    if not isinstance(key, (jax.Array, np.ndarray)):
-        return False
-    return bool(jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or (key.shape == (2,) and key.dtype == np.uint32))
 
 
 def check_compiler(value: Any, where: str) -> Compiler:

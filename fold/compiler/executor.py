@@ -44,7 +44,7 @@ from fold.scheduler.batch import BatchArrays, BatchLayout
 from fold.scheduler.schedule import item_sizes, piece_rows
 
 if TYPE_CHECKING:
-    from fold.compiler.program import CompiledOp, Program
+    from fold.scheduler.program import CompiledOp, Program
 
 __all__ = ["Executor"]
 

@@ -13,19 +13,16 @@ in the few layouts of a second compiler) and names the first example whose gradi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fold.compiler.result import Result
-
-if TYPE_CHECKING:
-    from fold.compiler.compiler import Compiler
-    from fold.compiler.program import Program
-    from fold.scheduler.batch import Batch
-    from fold.scheduler.builder import BatchBuilder
+from fold.scheduler.batch import Batch
+from fold.scheduler.builder import BatchBuilder
+from fold.scheduler.program import Program
 
 __all__ = ["check_arguments", "check_values", "check_gradients"]
 
@@ -84,15 +81,16 @@ def check_values(program: Program, builder: BatchBuilder, batch: Batch, arenas: 
     raise FloatingPointError(f"{_name(i, dataset_indices)}: {source} is not finite: {value.tolist()}")
 
 
-def check_gradients(alone: Compiler, params: Any, examples: list, loss: Callable[[Result], jax.Array] | None,
+def check_gradients(apply: Callable[[Any, Batch], Result], build: Callable[[list[Any]], Batch], params: Any,
+                    examples: list[Any], loss: Callable[[Result], jax.Array] | None,
                     dataset_indices: Sequence[int] | None) -> None:
     """Raises FloatingPointError naming the first example whose loss has a non-finite gradient, each
-    example in a batch of its own built by ``alone`` (a compiler kept for this). Within one batch, an
-    example whose local derivative is infinite poisons the others' gradients (0 x inf), as a NaN
-    value does."""
+    example in a batch of its own that ``build`` makes from a list of it and ``apply`` runs (a
+    compiler kept for this, whose layouts the caller's do not share). Within one batch, an example
+    whose local derivative is infinite poisons the others' gradients (0 x inf), as a NaN value does."""
 
-    def total_loss(p: Any, b: Any) -> jax.Array:
-        result = alone.apply(p, b)
+    def total_loss(p: Any, b: Batch) -> jax.Array:
+        result = apply(p, b)
         per_example = _example_losses(result, 1) if loss is None else jnp.asarray(loss(result))
         if per_example.shape != (1,):
             raise ValueError(f"loss must return one value per example of the batch it gets, shape (1,) for "
@@ -101,7 +99,7 @@ def check_gradients(alone: Compiler, params: Any, examples: list, loss: Callable
 
     grad = jax.jit(jax.grad(total_loss))
     for i, x in enumerate(examples):
-        g = grad(params, alone.build_batch([x]))
+        g = grad(params, build([x]))
         for path, leaf in jax.tree_util.tree_flatten_with_path(g)[0]:
             if not np.isfinite(np.asarray(leaf)).all():
                 raise FloatingPointError(f"{_name(i, dataset_indices)}: the gradient of its loss is not finite in "

@@ -9,9 +9,15 @@ outputs, then ``C`` dump rows for padded writes.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import itertools
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from fold.blocks.base import Repeat
+from fold.blocks.host import HostValue
+from fold.blocks.types import BroadcastSequenceType, SequenceType, TensorType, TupleType, Type, VoidType
 
 __all__ = ["Batch", "BatchArrays", "BatchLayout", "BatchStats", "GroupArrays", "HostInfo", "MetricArrays"]
 
@@ -82,6 +88,23 @@ class HostInfo(NamedTuple):
 
     v_type: np.ndarray
     v_row: np.ndarray
+
+    def read(self, value: HostValue, t: Type, arenas: Mapping[int, np.ndarray]) -> Any:
+        """Host value ``value`` of type ``t`` with its tensors read from the computed ``arenas``:
+        tensors as NumPy arrays, tuples as tuples, sequences as lists, broadcast sequences as
+        ``itertools.repeat``, void as None and Python objects as they are."""
+        if isinstance(t, TensorType):
+            return np.array(arenas[int(self.v_type[value])][int(self.v_row[value])])
+        if isinstance(t, TupleType):
+            return tuple(self.read(i, it, arenas) for i, it in zip(value, t))
+        if isinstance(t, BroadcastSequenceType):
+            return itertools.repeat(self.read(value.value if isinstance(value, Repeat) else value, t.element_type,
+                                              arenas))
+        if isinstance(t, SequenceType):
+            return [self.read(i, t.element_type, arenas) for i in value]
+        if isinstance(t, VoidType):
+            return None
+        return value
 
 
 class Batch:

@@ -18,35 +18,20 @@ import gc
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from fold.blocks.base import Block
+from fold.blocks.host import ConstValue, ExampleLimits, Step
 from fold.blocks.types import TensorType
+from fold.scheduler.plan import host_plan
+from fold.scheduler.program import Program
 from fold.scheduler.walk import walk
 
-if TYPE_CHECKING:
-    from fold.compiler.program import Program
-
-__all__ = ["BatchBuilder", "DEFAULT_LIMITS", "ExampleChunk", "ExampleLimits", "Recorded", "gc_paused", "const_table",
-           "run_examples"]
+__all__ = ["BatchBuilder", "ExampleChunk", "Recorded", "gc_paused", "const_table", "run_examples"]
 
 
-class ExampleLimits(NamedTuple):
-    """Bounds on the host work of one example, so that no input makes a build run forever.
-
-    A recursion that makes a new object at every level (``InputTransform(lambda x: [x])``
-    feeding its own declaration) consumes nothing and is not caught by the check for
-    cycles, which compares objects; these limits stop it, and any example too large to be
-    meant. The defaults are far above SST (about 100 operation calls a tree) and the
-    10,000-deep trees of the tests; set them with ``Compiler.create``.
-    """
-
-    max_nodes: int = 1_000_000       # operation calls of one example
-    max_recursion: int = 100_000     # nested ForwardDeclaration calls
-
-
-DEFAULT_LIMITS = ExampleLimits()
 
 
 _gc_lock = threading.Lock()
@@ -163,7 +148,7 @@ class BatchBuilder:
         self.block_cache: dict[Any, Any] = {}
         # (declaration, input object) of each recursive call the walk is in (see ``recursing``).
         self.recursing: set[tuple[int, int]] = set()
-        self._plan_run, self._callers, self._const_makers, self._release = program.host_plan.bind(self)
+        self._plan_run, self._callers, self._const_makers, self._release = host_plan(program).bind(self)
 
     def run(self, x: Any) -> Any:
         """Records example ``x`` (index ``self.example_index``) and returns its host value.
@@ -188,12 +173,17 @@ class BatchBuilder:
         self.check_size()
         return out
 
+    @property
+    def limits(self) -> ExampleLimits:
+        """Bounds on one example's host work (the program's)."""
+        return self.program.limits
+
     def check_size(self) -> None:
         """Raises ValueError if the current example has more operation calls than
         ``ExampleLimits.max_nodes`` (the walk checks at every recursive call, the plan at the end)."""
         nodes = len(self.n_op) - self.example_start
-        if nodes > self.program.limits.max_nodes:
-            raise ValueError(f"{self.where()} makes more than {self.program.limits.max_nodes:,} operation calls "
+        if nodes > self.limits.max_nodes:
+            raise ValueError(f"{self.where()} makes more than {self.limits.max_nodes:,} operation calls "
                              f"({nodes:,} so far): raise the limit with Compiler.create(max_example_nodes=...) "
                              "if the example is meant to be this large")
 
@@ -262,7 +252,7 @@ class BatchBuilder:
             for key in list(memo)[n:]:
                 del memo[key]
 
-    def const(self, ttype: TensorType, value: Any) -> int:
+    def const(self, ttype: TensorType, value: ConstValue) -> int:
         """A depth-0 constant: an array of ``ttype``, a valid Python number for a scalar type
         (tables become arrays in ``schedule``), or ``None`` for zeros."""
         return self._const_makers[self.program.type_index[ttype]](value)
@@ -303,10 +293,10 @@ class BatchBuilder:
             return f"example {i}"
         return f"example {self.dataset_indices[i]} (position {i} in its batch)"
 
-    def steps(self, pipe: Any) -> Sequence[Any]:
+    def steps(self, pipe: Block) -> Sequence[Step]:
         """The blocks ``pipe`` runs: its children, or its children with runs of operations fused
-        (``fold/compiler/fusion.py``)."""
-        return self.program.pipe_steps.get(pipe) or pipe.children()
+        (``fold/scheduler/fusion.py``)."""
+        return self.program.steps(pipe)
 
     def call(self, block: Any, x: Any) -> Any:
         """Records one call of ``block``'s operation on host value ``x``."""

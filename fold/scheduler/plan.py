@@ -25,23 +25,23 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fold.blocks.base import Block
+from fold.blocks.host import Arm, Step
 from fold.blocks.types import TensorType, TupleType, Type, fold_type
+from fold.scheduler.program import Program
 from fold.scheduler.walk import walk
 
-if TYPE_CHECKING:
-    from fold.compiler.program import Program
-
-__all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH"]
+__all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH", "host_plan", "leaf_paths"]
 
 # Recursion levels (ForwardDeclaration calls) one plan call may nest; each is
 # one Python frame, so this stays well inside Python's default limit of 1000.
 MAX_PLAN_DEPTH = 200
-
-# One arm of an emitted ``if`` chain: its condition (None for ``else``) and what emits its body.
-Arm = tuple[str | None, Callable[[], None]]
 
 
 def leaf_paths(t: Type) -> list[tuple[int, ...]]:
@@ -176,7 +176,7 @@ class Emitter:
         return v
 
     # -------------------------------------------------------------- blocks
-    def emit(self, block: Any, x: str) -> str:
+    def emit(self, block: Step, x: str) -> str:
         """Emits ``block`` run on the value in variable ``x``; returns its result's variable."""
         return block._emit(self, x)
 
@@ -191,9 +191,9 @@ class Emitter:
     def walk_call(self, block: Any, x: str) -> str:
         return f"_walk({self.bind(block, 'b')}, {x}, ctx)"
 
-    def steps(self, pipe: Any) -> Sequence[Any]:
+    def steps(self, pipe: Block) -> Sequence[Step]:
         """The blocks ``pipe`` runs (see ``BatchBuilder.steps``)."""
-        return self.program.pipe_steps.get(pipe) or pipe.children()
+        return self.program.steps(pipe)
 
     def call(self, block: Any, x: str) -> str:
         """One call of ``block``'s operation on host value ``x``."""
@@ -367,3 +367,29 @@ class HostPlan:
         example, ``callers[o](x)`` one call of operation ``o``, ``makers[t](value)`` one constant of
         type ``t``; ``release()`` breaks the reference cycles between them once recording is done."""
         return self._make(builder)
+
+
+_plans: weakref.WeakKeyDictionary[Program, HostPlan] = weakref.WeakKeyDictionary()
+_plans_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """Another thread may have held the lock at the fork; a forked worker has only the forking thread."""
+    global _plans_lock
+    _plans_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def host_plan(program: Program) -> HostPlan:
+    """``program``'s host plan, generated on first use and kept as long as the program lives.
+
+    A ``Program`` is plain data; its plan is derived from it. Batches are built on
+    background threads too, so the first use is under a lock (the plan is made once).
+    """
+    with _plans_lock:
+        plan = _plans.get(program)
+        if plan is None:
+            plan = _plans[program] = HostPlan(program)
+        return plan

@@ -30,7 +30,7 @@ from fold.scheduler.builder import BatchBuilder, Recorded, gc_paused
 from fold.scheduler.schedule import check_constants
 
 if TYPE_CHECKING:
-    from fold.compiler.program import Program
+    from fold.scheduler.program import Program
 
 __all__ = ["RecordedExamples", "ByReference", "record", "next_serial"]
 

@@ -35,7 +35,7 @@ from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, BatchStats, Gr
 from fold.scheduler.builder import Recorded
 
 if TYPE_CHECKING:
-    from fold.compiler.program import Program
+    from fold.scheduler.program import Program
 
 __all__ = ["check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes", "profile", "GroupProfile",
            "piece_rows", "padded_rows", "MIN_ITEM", "PIECES"]

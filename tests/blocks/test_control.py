@@ -19,8 +19,7 @@ def test_one_of_with_dict_and_block_key():
 
 
 def test_one_of_with_sequence_cases_and_negative_index():
-    block = fd.OneOf(lambda x: x["i"], (fd.FromTensor(np.float32(0)), fd.FromTensor(np.float32(1)),
-                                        fd.FromTensor(np.float32(2))))
+    block = fd.OneOf(lambda x: x["i"], [fd.Void() >> fd.FromTensor(np.float32(i)) for i in range(3)])
     assert float(block.eval({"i": -1})) == 2.0
     with pytest.raises(KeyError):
         block.eval({"i": 3})

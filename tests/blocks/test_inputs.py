@@ -22,12 +22,21 @@ def test_scalar_vector_tensor():
     np.testing.assert_array_equal(fd.Tensor((2, 2)).eval([[1, 2], [3, 4]]), [[1, 2], [3, 4]])
 
 
-def test_from_tensor_ignores_input():
+def test_from_tensor_reads_no_input_as_in_fold():
     block = fd.FromTensor(np.array([1.0, 2.0], np.float32))
-    assert block.output_type == fd.TensorType((2,))
-    np.testing.assert_array_equal(block.eval("anything"), [1.0, 2.0])
+    assert block.input_type == fd.VoidType() and block.output_type == fd.TensorType((2,))
+    np.testing.assert_array_equal(block.eval(None), [1.0, 2.0])
     with pytest.raises(TypeError):
         fd.FromTensor(np.array(["a"]))
+
+
+def test_from_tensor_where_a_value_arrives_says_to_put_void_before_it():
+    with pytest.raises(TypeError, match=r"reads no input .* fd\.Void\(\) >> fd\.FromTensor"):
+        fd.AllOf(fd.Scalar(), fd.FromTensor(np.float32(0.5)))
+    pair = fd.AllOf(fd.Scalar(), fd.Void() >> fd.FromTensor(np.float32(0.5))) >> fd.Function(jnp.multiply)
+    compiler = fd.Compiler.create(pair)
+    out = compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch([2.0, -4.0])).outputs
+    np.testing.assert_allclose(out, [1.0, -2.0])
 
 
 def test_from_tensor_refuses_a_64_bit_value_its_32_bit_type_cannot_hold():

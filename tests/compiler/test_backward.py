@@ -239,7 +239,7 @@ def test_the_scheduler_never_prices_saving(monkeypatch):
 
     monkeypatch.setattr(compiler.executor, "saved_row_bytes", traced)
     monkeypatch.setattr(compiler.executor, "flops_per_row", traced)
-    batch = compiler._build_batch([[[1.0] * 128] * 5])
+    batch = compiler._batcher.build_own([[[1.0] * 128] * 5])
     assert batch.layout.saved_rows == () and batch.stats.saved_rows
     monkeypatch.undo()
     assert compiler._saving.decide(batch).layout.saved_rows

@@ -208,7 +208,7 @@ def test_a_layout_never_makes_a_batch_save_an_operation_it_does_not():
     rng = np.random.default_rng(0)
     examples = [(rng.normal(size=(int(rng.integers(2, 9)), 2)).tolist(), rng.normal(size=(5, 2)).tolist())
                 for _ in range(48)]
-    own = compiler._saving.decide(compiler._build_batch(examples[:6])).layout
+    own = compiler._saving.decide(compiler._batcher.build_own(examples[:6])).layout
     narrow, wide = _named(compiler, own, "narrow"), _named(compiler, own, "wide")
     assert own.saved_rows[narrow] == 0 and own.saved_rows[wide] > 0  # auto saves the wide cell only
     batches = list(compiler.batches(examples, 6))
@@ -221,7 +221,7 @@ def test_a_layout_never_makes_a_batch_save_an_operation_it_does_not():
     assert fits(own, own, None) and not fits(own, saving_it, None)
     # A layout whose region is smaller than what the items save is refused on the host, even if
     # the batch's own layout claimed it fits (the device would clamp the writes silently).
-    batch = compiler._saving.decide(compiler._build_batch(examples[:6]))
+    batch = compiler._saving.decide(compiler._batcher.build_own(examples[:6]))
     need = batch.built_stats().saved_rows[wide]
     short = batch.replace(layout=own._replace(saved_rows=tuple(8 if q == wide else r
                                                                for q, r in enumerate(own.saved_rows))))

@@ -84,7 +84,8 @@ def test_each_arena_has_its_own_types_rows_rounded_up():
     # Scalars (the leaves and 0.5) fill far fewer rows than the (2,) vectors of every node.
     decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((2,)))
     pair = fd.Record((decl(), decl())) >> fd.Function(lambda a, b: a + b)
-    leaf = fd.AllOf(fd.Scalar(), fd.FromTensor(np.float32(0.5))) >> fd.Function(lambda x, h: jnp.stack([x, h], -1))
+    leaf = (fd.AllOf(fd.Scalar(), fd.Void() >> fd.FromTensor(np.float32(0.5)))
+            >> fd.Function(lambda x, h: jnp.stack([x, h], -1)))
     decl.resolve_to(fd.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: pair}))
     compiler = fd.Compiler.create(decl(), chunk_size=8)
     rng = random.Random(3)

@@ -1,119 +1,33 @@
-"""``Program``: a compiled model as data, built from its block tree in small named steps.
+"""Building a ``Program`` from a block tree, in small named steps.
 
-The batch builder, the scheduler and the executor read a model only through its
-``Program``: the arena types, the operations with their arena slots, which block
-calls which operation, the layers and metrics, and the host plan. It is frozen
-once built; ``Compiler`` holds one next to the per-run state (layouts handed
-out, statistics, worker processes, jitted functions).
+``build_program`` validates and type-checks the tree, lists the arena types,
+fuses runs of operations in pipes, merges equal operations and names the
+layers; the result is the plain data of ``fold/scheduler/program.py``.
 
 Examples:
     >>> import fold as fd
-    >>> program = build_program(fd.Map(fd.Vector(2) >> fd.FC(4)) >> fd.Sum())
-    >>> program.types
-    (TensorType((4,), 'float32'), TensorType((2,), 'float32'))
+    >>> program = build_program(fd.Map(fd.Vector(2) >> fd.FC(4, name="fc")) >> fd.Sum())
     >>> [op.spec.label for op in program.ops], sorted(program.layers)
     (['Function(FC)', 'Function(add)'], ['fc'])
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fold.blocks.base import Block, convert_to_block
 from fold.blocks.composition import Composition
 from fold.blocks.control import ForwardDeclaration, Metric
-from fold.blocks.layers import Layer, snake_case
+from fold.blocks.host import DEFAULT_LIMITS, ExampleLimits, OpBlock
+from fold.blocks.layers import Layer
 from fold.blocks.tensors import Concat, Function, OpSpec
 from fold.blocks.types import PyObjectType, TensorType, Type, VoidType, is_tensor_tree, tensor_types
-from fold.compiler.fusion import Fused, fuse_pipes
-from fold.scheduler.builder import DEFAULT_LIMITS, ExampleLimits
-from fold.scheduler.plan import HostPlan, leaf_paths
+from fold.scheduler.fusion import Fused, fuse_pipes
+from fold.scheduler.plan import leaf_paths
+from fold.scheduler.program import CompiledOp, Program, Slot
 
-__all__ = ["Program", "CompiledOp", "build_program", "root_is_tensors"]
-
-
-class CompiledOp:
-    """An operation (``OpSpec``) with its arena slots resolved.
-
-    Attributes:
-      spec: what the operation computes and its types.
-      layer: the layer whose parameters it reads, or None.
-      in_tidx, out_tidx: arena (type) index of each input and output.
-      in_slots, out_slots: ``(type, k)`` of each input and output: the
-        k-th value of that type among the operation's inputs or outputs.
-      in_paths: index path of each tensor input in the host value it takes.
-      check_inputs: the layer's check of constant inputs, where the layer
-        reads the operation's own inputs and overrides the check; else None.
-    """
-
-    def __init__(self, spec: OpSpec, type_index: Mapping[TensorType, int]):
-        self.spec = spec
-        self.layer = spec.layer
-        self.in_tidx = [type_index[t] for t in spec.in_types]
-        self.out_tidx = [type_index[t] for t in spec.out_types]
-        self.out_slots = _slots(self.out_tidx)
-        self.in_slots = _slots(self.in_tidx)
-        self.in_paths = leaf_paths(spec.in_type)
-        layer = spec.layer
-        overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
-        self.check_inputs = layer.check_constant_inputs if layer is not None and overridden and spec.layer_first \
-            else None
-
-
-def _slots(tidx: list[int]) -> list[tuple[int, int]]:
-    seen: dict[int, int] = {}
-    out = []
-    for t in tidx:
-        k = seen.get(t, 0)
-        seen[t] = k + 1
-        out.append((t, k))
-    return out
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Program:
-    """A compiled model: everything the builder, scheduler and executor read of it.
-
-    Attributes:
-      root: the root block (its input type set).
-      output_type: the root's output type.
-      types: the arena types: every tensor type any block takes or gives.
-      type_index: position of each type in ``types``.
-      ops: the operations, merged by ``OpSpec.key`` (equal functions batch).
-      block_ops: per operation block (or ``Fused`` run), its index in ``ops``.
-      slot_index: per output slot ``(type, k)`` any operation has, its
-        column in the scheduler's out-start tables.
-      pipe_steps: per pipe with fused runs, its steps (blocks and ``Fused`` runs).
-      layers: per layer name, the layer and its input type.
-      metric_types: per metric name (sorted), the tensor type of its values.
-      labeled_metrics: the metric names some ``Metric`` records with labels.
-      root_leaves: the tensor types of the root's output leaves, in order
-        (empty when the root outputs void or is not tensors, under ``eval``).
-      limits: bounds on one example's host work (``ExampleLimits``).
-      host_plan: the block tree compiled to straight-line Python
-        (``fold/scheduler/plan.py``), made from the fields above.
-    """
-
-    root: Block
-    output_type: Type
-    types: tuple[TensorType, ...]
-    type_index: Mapping[TensorType, int]
-    ops: tuple[CompiledOp, ...]
-    block_ops: Mapping[Any, int]
-    slot_index: Mapping[tuple[int, int], int]
-    pipe_steps: Mapping[Any, Sequence[Any]]
-    layers: Mapping[str, tuple[Layer, Type]]
-    metric_types: Mapping[str, TensorType]
-    labeled_metrics: frozenset[str]
-    root_leaves: tuple[TensorType, ...]
-    limits: ExampleLimits = DEFAULT_LIMITS
-    host_plan: HostPlan = dataclasses.field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "host_plan", HostPlan(self))
+__all__ = ["build_program", "root_is_tensors"]
 
 
 def build_program(root_block: Any, any_root: bool = False, fuse: bool = True,
@@ -213,7 +127,7 @@ def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Any, Sequence[Any]]
     fused = {m: step for steps in pipe_steps.values() for step in steps if isinstance(step, Fused)
              for m in step.blocks}
     ops: list[CompiledOp] = []
-    block_ops: dict[Any, int] = {}
+    block_ops: dict[OpBlock, int] = {}
     by_key: dict[Any, int] = {}
     for b in blocks:
         if not isinstance(b, (Function, Concat)):
@@ -224,40 +138,54 @@ def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Any, Sequence[Any]]
         spec = op_block.op_spec()
         if spec.key not in by_key:
             by_key[spec.key] = len(ops)
-            ops.append(CompiledOp(spec, type_index))
+            ops.append(_compiled_op(spec, type_index))
         block_ops[op_block] = by_key[spec.key]
     return tuple(ops), block_ops
 
 
+def _compiled_op(spec: OpSpec, type_index: Mapping[TensorType, int]) -> CompiledOp:
+    """``spec`` with its arena slots resolved against the program's types."""
+    in_tidx = tuple(type_index[t] for t in spec.in_types)
+    out_tidx = tuple(type_index[t] for t in spec.out_types)
+    layer = spec.layer
+    # The check sees the operation's own inputs only where the layer reads them first.
+    overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
+    check = layer.check_constant_inputs if layer is not None and overridden and spec.layer_first else None
+    return CompiledOp(spec=spec, in_tidx=in_tidx, out_tidx=out_tidx, in_slots=_slots(in_tidx),
+                      out_slots=_slots(out_tidx), in_paths=tuple(leaf_paths(spec.in_type)), check_inputs=check)
+
+
+def _slots(tidx: tuple[int, ...]) -> tuple[Slot, ...]:
+    """Each type index with how many of the same type come before it."""
+    seen: dict[int, int] = {}
+    out = []
+    for t in tidx:
+        k = seen.get(t, 0)
+        seen[t] = k + 1
+        out.append((t, k))
+    return tuple(out)
+
+
 def _named_layers(ops: Sequence[CompiledOp]) -> dict[str, tuple[Layer, Type]]:
-    """Every layer by name with its one input type; unnamed layers get their class's snake-case
-    name, numbered past the names taken."""
+    """Every layer by name with its one input type."""
     layer_types: dict[Layer, Type] = {}
     for op in ops:
         if op.layer is None:
             continue
         prev = layer_types.get(op.layer)
-        if prev is not None and prev != op.spec.layer_in_type:
-            raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {op.spec.layer_in_type}; "
+        layer_in = op.spec.layer_in_type
+        assert layer_in is not None  # an operation with a layer knows the layer's input type
+        if prev is not None and prev != layer_in:
+            raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {layer_in}; "
                             "a layer has one input type (its parameters depend on it)")
-        layer_types[op.layer] = op.spec.layer_in_type
-    named: dict[str, Layer] = {}
-    for layer in layer_types:
-        if layer.name is None:
-            continue
+        layer_types[op.layer] = layer_in
+    named: dict[str, tuple[Layer, Type]] = {}
+    for layer, t in layer_types.items():
         if layer.name in named:
             raise ValueError(f"two different layers are named {layer.name!r} in one model: "
-                             f"{named[layer.name]!r} and {layer!r}")
-        named[layer.name] = layer
-    used = set(named)
-    for layer in layer_types:
-        if layer.name is None:
-            base = snake_case(type(layer).__name__)
-            name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
-                        if n not in used)
-            layer.name_if_unnamed(name)
-            used.add(name)
-    return {str(layer.name): (layer, t) for layer, t in layer_types.items()}
+                             f"{named[layer.name][0]!r} and {layer!r}")
+        named[layer.name] = (layer, t)
+    return named
 
 
 def _metric_types(blocks: Sequence[Block]) -> dict[str, TensorType]:

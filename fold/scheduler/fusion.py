@@ -16,15 +16,12 @@ what it returns. Depths count a fused operation once, so ``Compiler.for_eval`` (
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fold.blocks.base import Block
-from fold.blocks.host import HostContext
+from fold.blocks.host import EmitContext, HostContext, Step
 from fold.blocks.plumbing import Pipe
 from fold.blocks.tensors import Concat, Function, OpSpec
-
-if TYPE_CHECKING:
-    from fold.scheduler.plan import Emitter
 
 __all__ = ["Fused", "fuse_pipes"]
 
@@ -47,7 +44,7 @@ class Fused:
     def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
         return ctx.call(self, x)
 
-    def _emit(self, em: Emitter, x: str) -> str:
+    def _emit(self, em: EmitContext, x: str) -> str:
         return em.call(self, x)
 
     def op_spec(self) -> OpSpec:
@@ -81,9 +78,9 @@ def _has_layer(b: Block) -> bool:
     return isinstance(b, Function) and b.layer is not None
 
 
-def _steps(pipe: Pipe) -> list[Any]:
+def _steps(pipe: Pipe) -> list[Step]:
     """``pipe``'s flattened blocks with each run of operations cut into fused ones."""
-    steps: list[Any] = []
+    steps: list[Step] = []
     run: list[Block] = []
 
     def close() -> None:
@@ -102,11 +99,11 @@ def _steps(pipe: Pipe) -> list[Any]:
     return steps
 
 
-def fuse_pipes(blocks: list[Block]) -> dict[Pipe, list[Any]]:
+def fuse_pipes(blocks: list[Block]) -> dict[Block, list[Step]]:
     """For every outermost pipe among ``blocks`` that has a run of operations to fuse, the steps
     it runs (a pipe inside a pipe never runs: its parent runs its blocks)."""
     nested = {id(c) for b in blocks if isinstance(b, Pipe) for c in b.children() if isinstance(c, Pipe)}
-    out = {}
+    out: dict[Block, list[Step]] = {}
     for b in blocks:
         if isinstance(b, Pipe) and id(b) not in nested:
             steps = _steps(b)
