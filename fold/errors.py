@@ -35,10 +35,15 @@ class ExplainedTypeError(TypeError):
 
 
 def type_error(a: Any, a_type: Any, b: Any, b_type: Any, how: str, detail: str = "") -> ExplainedTypeError:
-    """A type mismatch naming both blocks and both types: ``{a} {how} {a_type} but {b} has {b_type}``."""
+    """A type mismatch naming both blocks and both types: ``{a} {how} {a_type} but {b} has {b_type}``,
+    with what to write instead where ``b`` knows (its ``mismatch_hint`` of the side ``detail`` names)."""
     msg = f"type mismatch: {a!r} {how} {a_type} but {b!r} has {b_type}"
     if detail:
         msg += f" ({detail})"
+    side = "input" if detail.startswith("input type") else "output" if detail.startswith("output type") else None
+    hint = b.mismatch_hint(side) if side is not None and hasattr(b, "mismatch_hint") else None
+    if hint:
+        msg += f": {hint}"
     return ExplainedTypeError(msg)
 
 

@@ -216,6 +216,11 @@ class Block(metaclass=_BlockMeta):
         compiler's error for a model with unknown types then says it); None otherwise."""
         return None
 
+    def mismatch_hint(self, side: str) -> str | None:
+        """What to write instead when a type mismatch involves this block's ``side`` (``"input"``
+        or ``"output"``) type, when it knows (the mismatch's message then says it); None otherwise."""
+        return None
+
     def _changed(self) -> None:
         for block in [self, *self._listeners]:
             if block._ready:

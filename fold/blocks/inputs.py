@@ -227,12 +227,10 @@ class FromTensor(Block):
                              "jax_enable_x64 is off)") from None
         super().__init__(name, VoidType(), self._ttype)
 
-    def set_input_type(self, input_type: Any) -> Block:
-        t = convert_to_type(input_type)
-        if t != VoidType():
-            raise TypeError(f"{self!r} reads no input (its input type is VoidType()) and cannot take {t}: write "
-                            "fd.Void() >> fd.FromTensor(...) where a value arrives")
-        return super().set_input_type(t)
+    def mismatch_hint(self, side: str) -> str | None:
+        if side != "input":
+            return None
+        return "a FromTensor reads no input (as in Fold): write fd.Void() >> fd.FromTensor(...) where a value arrives"
 
     @property
     def tensor(self) -> np.ndarray:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import abc
 import inspect
-import itertools
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,45 +52,12 @@ def takes_key(apply: Callable) -> bool:
                                    param.default is not inspect.Parameter.empty))
 
 
-class _Names:
-    """Default layer names: per class, ``fc``, ``fc_1``, ... in the order layers are made in this
-    process, skipping names passed explicitly before (a lock: layers may be made on threads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counters: dict[str, itertools.count[int]] = {}
-        self._taken: set[str] = set()
-
-    def take(self, name: str) -> str:
-        with self._lock:
-            self._taken.add(name)
-        return name
-
-    def default(self, cls: type) -> str:
-        base = snake_case(cls.__name__)
-        with self._lock:
-            counter = self._counters.setdefault(base, itertools.count())
-            while True:
-                k = next(counter)
-                name = f"{base}_{k}" if k else base
-                if name not in self._taken:
-                    self._taken.add(name)
-                    return name
-
-
-_names = _Names()
-
-
 class Layer(abc.ABC):
     """Base class of layers; subclass it and define ``init`` and ``apply``.
 
-    Pass ``name=`` to fix the layer's key in ``params``; otherwise the layer
-    is named when it is made, from its class, numbered in the order the
-    process makes them (``fc``, ``fc_1``, ...; a name passed before is
-    skipped): a script that builds its model the same way gets the same
-    names on every run. Name layers whose parameters a checkpoint must find
-    again after the code changes. Two layers with one name in a model are
-    an error.
+    Pass ``name=`` to fix the layer's key in ``params``; otherwise the first
+    ``Compiler.create`` that sees the layer names it from its class
+    (``fc``, ``fc_1``, ...), and the name sticks to the layer object.
     ``trainable=False`` keeps the parameters in ``params`` with a zero
     gradient.
 
@@ -115,17 +80,22 @@ class Layer(abc.ABC):
     def __init__(self, name: str | None = None, trainable: bool = True):
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"a layer name must be a non-empty string, got {name!r}")
-        self._name = _names.take(name) if name is not None else _names.default(type(self))
+        self._name = name
         self.trainable = trainable
 
     @property
-    def name(self) -> str:
-        """The key of this layer's parameters: the ``name`` given, else its class's (see the class
-        docstring)."""
+    def name(self) -> str | None:
+        """The key of this layer's parameters (None until named by a compiler)."""
         return self._name
 
+    def name_if_unnamed(self, name: str) -> None:
+        """Gives an unnamed layer ``name`` (compilers name layers that have no name); a named
+        layer keeps its own."""
+        if self._name is None:
+            self._name = name
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._name!r})"
+        return f"{type(self).__name__}({self._name!r})" if self._name else type(self).__name__
 
     @abc.abstractmethod
     def init(self, key: jax.Array, input_type: Type) -> Any:
@@ -275,12 +245,16 @@ class FC(Layer):
 
     def weights(self, params: dict) -> jax.Array:
         """This layer's weight matrix ``w`` in ``params`` (from ``compiler.init``)."""
-        return params[self.name]["w"]
+        return params[self._params_name()]["w"]
 
     def bias(self, params: dict) -> jax.Array:
         """This layer's bias ``b`` in ``params`` (from ``compiler.init``)."""
-        return params[self.name]["b"]
+        return params[self._params_name()]["b"]
 
+    def _params_name(self) -> str:
+        if self.name is None:
+            raise ValueError(f"{self!r} has no name yet: pass name= or compile a model that uses it first")
+        return self.name
 
     def init(self, key: jax.Array, input_type: Type) -> dict:
         size, dtype = vector_size(self, input_type)

@@ -13,6 +13,7 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from fold.blocks.base import Block, convert_to_block
 from fold.blocks.composition import Composition
 from fold.blocks.control import ForwardDeclaration, Metric
 from fold.blocks.host import DEFAULT_LIMITS, ExampleLimits, OpBlock
-from fold.blocks.layers import Layer
+from fold.blocks.layers import Layer, snake_case
 from fold.blocks.tensors import Concat, Function, OpSpec
 from fold.blocks.types import PyObjectType, TensorType, Type, VoidType, is_tensor_tree, tensor_types
 from fold.scheduler.fusion import Fused, fuse_pipes
@@ -167,7 +168,8 @@ def _slots(tidx: tuple[int, ...]) -> tuple[Slot, ...]:
 
 
 def _named_layers(ops: Sequence[CompiledOp]) -> dict[str, tuple[Layer, Type]]:
-    """Every layer by name with its one input type."""
+    """Every layer by name with its one input type; unnamed layers get their class's snake-case
+    name, numbered past the names taken."""
     layer_types: dict[Layer, Type] = {}
     for op in ops:
         if op.layer is None:
@@ -179,13 +181,23 @@ def _named_layers(ops: Sequence[CompiledOp]) -> dict[str, tuple[Layer, Type]]:
             raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {layer_in}; "
                             "a layer has one input type (its parameters depend on it)")
         layer_types[op.layer] = layer_in
-    named: dict[str, tuple[Layer, Type]] = {}
-    for layer, t in layer_types.items():
+    named: dict[str, Layer] = {}
+    for layer in layer_types:
+        if layer.name is None:
+            continue
         if layer.name in named:
             raise ValueError(f"two different layers are named {layer.name!r} in one model: "
-                             f"{named[layer.name][0]!r} and {layer!r}")
-        named[layer.name] = (layer, t)
-    return named
+                             f"{named[layer.name]!r} and {layer!r}")
+        named[layer.name] = layer
+    used = set(named)
+    for layer in layer_types:
+        if layer.name is None:
+            base = snake_case(type(layer).__name__)
+            name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
+                        if n not in used)
+            layer.name_if_unnamed(name)
+            used.add(name)
+    return {str(layer.name): (layer, t) for layer, t in layer_types.items()}
 
 
 def _metric_types(blocks: Sequence[Block]) -> dict[str, TensorType]:

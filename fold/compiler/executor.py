@@ -33,7 +33,7 @@ See ``docs/design.md``. In short:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +46,25 @@ from fold.scheduler.schedule import item_sizes, piece_rows
 if TYPE_CHECKING:
     from fold.scheduler.program import CompiledOp, Program
 
-__all__ = ["Executor"]
+__all__ = ["Executor", "Arenas"]
+
+Arenas = dict[int, jax.Array]
+"""Per arena type index, its rows: the values of a batch while it runs."""
+
+_Plan = tuple[tuple[int, tuple[int, ...], Any], ...]
+"""What a saving loop operation keeps: per saved ``vjp`` leaf, its index, row shape and dtype."""
+
+_Branch = Callable[..., Any]
+"""One case of the loop's ``lax.switch``: one operation at one item size."""
+
+
+class _GroupAux(TypedDict):
+    """A hoisted or tail group's index arrays and key, as one pytree."""
+
+    idx: jax.Array          # input rows, per row and input
+    valid: jax.Array        # which rows are real
+    dest: list[jax.Array]   # per output, the rows it writes (padded rows out of bounds)
+    rng: jax.Array | None   # the group's key
 
 # Index literals must match the int32 index arrays, also when x64 is on.
 _I0 = np.int32(0)
@@ -78,7 +96,7 @@ class Executor:
     def _params_for(self, op: CompiledOp, params: Any) -> Any:
         return None if op.layer is None else params[op.layer.name]
 
-    def _gather_inputs(self, op: CompiledOp, arenas: dict, in_idx: jax.Array, first: jax.Array,
+    def _gather_inputs(self, op: CompiledOp, arenas: Arenas, in_idx: jax.Array, first: jax.Array,
                        count: jax.Array, size: int) -> tuple[list, jax.Array, jax.Array]:
         """The item's input rows: padded rows repeat the first real row."""
         n_in = len(op.in_tidx)
@@ -87,7 +105,7 @@ class Executor:
         idx = jnp.where(valid[:, None], idx, idx[:1])
         return _gather_rows(op, arenas, idx), idx, valid
 
-    def _slots(self, op_ids: tuple, which: str) -> dict[int, int]:
+    def _slots(self, op_ids: tuple[int, ...], which: str) -> dict[int, int]:
         """Per arena type, the most outputs (or inputs) of that type any op has."""
         k: dict[int, int] = {}
         for o in op_ids:
@@ -95,11 +113,11 @@ class Executor:
                 k[t] = max(k.get(t, 0), j + 1)
         return k
 
-    def _call(self, op: CompiledOp, params: Any, rng: Any, xs: list) -> list:
+    def _call(self, op: CompiledOp, params: Any, rng: Any, xs: list[jax.Array]) -> list[jax.Array]:
         """Runs ``op``, checking its results against its declared types."""
         return _check(op, op.spec.fn(self._params_for(op, params), rng, *xs))
 
-    def _vjp(self, op: CompiledOp, p: Any, rng: Any, xs: list, float_types: Any, save: bool) -> tuple:
+    def _vjp(self, op: CompiledOp, p: Any, rng: Any, xs: list[jax.Array], float_types: list[int], save: bool) -> tuple:
         """``op``'s outputs, its ``vjp`` in ``(p, *float inputs)`` (other inputs held fixed) and
         the positions of those float inputs. ``save`` keeps only the matmul outputs in the ``vjp``."""
         diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
@@ -115,7 +133,7 @@ class Executor:
         ys, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
         return ys, vjp, diff
 
-    def _saved_leaves(self, op: CompiledOp, p: Any, rng: Any, float_types: Any, sizes: tuple) -> tuple:
+    def _saved_leaves(self, op: CompiledOp, p: Any, rng: Any, float_types: list[int], sizes: tuple[int, ...]) -> tuple:
         """The leaves of ``op``'s ``vjp`` that the forward loop saves, as ``(leaf index, row
         shape, dtype)``: those with one row per item row at every item size (so they can live in
         an arena-like buffer), except the input rows themselves (the backward gathers those
@@ -166,7 +184,7 @@ class Executor:
         return None if flops is None else float(flops) / rows
 
     # ------------------------------------------------------------- forward
-    def initial_arenas(self, arrays: BatchArrays, layout: BatchLayout) -> dict:
+    def initial_arenas(self, arrays: BatchArrays, layout: BatchLayout) -> Arenas:
         """One ``[rows + C, *shape]`` arena per type (``rows = layout.arena_rows[t]``),
         constants in their rows, zeros elsewhere."""
         C = layout.chunk
@@ -181,8 +199,8 @@ class Executor:
         return arenas
 
     # ------------------------------------------------------- whole groups
-    def _groups(self, arrays: BatchArrays, key: Any, which: str, ops: tuple, sizes: tuple, chunk: int,
-                stream: int) -> list:
+    def _groups(self, arrays: BatchArrays, key: Any, which: str, ops: tuple[int, ...], sizes: tuple[int, ...],
+                chunk: int, stream: int) -> list[tuple[CompiledOp, int, _GroupAux]]:
         """Per hoisted (``which="hoist"``) or tail group, in order: ``(op, piece, aux)``, ``piece``
         its rows per loop iteration and ``aux`` its input rows ``idx``, ``valid`` rows,
         destination rows ``dest`` (one array per output; padded rows get an out-of-bounds row, so
@@ -197,11 +215,11 @@ class Executor:
             idx = in_idx[jnp.minimum(groups.node[h] + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
             dest = [jnp.where(valid, groups.out[h, self.program.slot_index[slot]] + rows, S) for slot in op.out_slots]
-            aux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(key, stream, h)}
+            aux: _GroupAux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(key, stream, h)}
             out.append((op, piece_rows(size, chunk), aux))
         return out
 
-    def _group_forward(self, op: CompiledOp, piece: int, p: Any, arenas: dict, aux: dict) -> dict:
+    def _group_forward(self, op: CompiledOp, piece: int, p: Any, arenas: Arenas, aux: _GroupAux) -> Arenas:
         """``arenas`` after running a whole group, ``piece`` rows per iteration of a loop whose
         carry holds only the arenas the group writes. Piece ``k`` draws with
         ``fold_in(aux["rng"], k)``."""
@@ -214,8 +232,8 @@ class Executor:
         written = {t: arenas[t] for t in set(op.out_tidx)}
         return {**arenas, **lax.fori_loop(0, _pieces(aux, piece), body, written)}
 
-    def _group_backward(self, op: CompiledOp, piece: int, p: Any, arenas: dict, ct: dict,
-                        aux: dict) -> tuple[dict, Any]:
+    def _group_backward(self, op: CompiledOp, piece: int, p: Any, arenas: Arenas, ct: Arenas,
+                        aux: _GroupAux) -> tuple[Arenas, Any]:
         """The group's backward pass, ``piece`` rows at a time: recompute the piece's forward
         (same keys) for its ``vjp`` from the final ``arenas``, read its output cotangents from the
         cotangent arenas ``ct`` and scatter-add its input cotangents into them in place. Returns
@@ -238,14 +256,14 @@ class Executor:
 
         return lax.fori_loop(0, _pieces(aux, piece), body, (ct, jax.tree_util.tree_map(jnp.zeros_like, p)))
 
-    def _plans(self, layout: BatchLayout, lparams: Any, key: Any, float_types: Any) -> dict:
+    def _plans(self, layout: BatchLayout, lparams: Any, key: Any, float_types: list[int]) -> dict[int, _Plan]:
         """Per loop operation (by position in ``layout.loop_ops``), the ``vjp`` leaves its
         forward items save (see ``_saved_leaves``); empty unless the batch saves (its layout has
         ``saved_rows``)."""
         if not layout.saved_rows:
             return {}
         rng = None if key is None else jax.eval_shape(lambda k: _fold(k, _LOOP_STREAM, 0), key)
-        plans = {}
+        plans: dict[int, _Plan] = {}
         for q, o in enumerate(layout.loop_ops):
             op = self.ops[o]
             if not (layout.saved_rows[q] and op.out_slots):  # no buffer: nothing to trace for
@@ -256,7 +274,8 @@ class Executor:
                 plans[q] = saved
         return plans
 
-    def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers, i: Any) -> list:
+    def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers,
+                      i: Any) -> list[jax.Array]:
         """Per saved buffer, the row from which item ``i`` writes (and reads back) its ``C`` rows:
         its operation's region of that buffer plus the item's offset in it (the schedule lays each
         operation's items out one after another, each writing ``C`` rows from where the previous
@@ -270,16 +289,16 @@ class Executor:
             starts.append(jnp.where(first >= 0, first + arrays.items_saved[i], rows))
         return starts
 
-    def _branch_table(self, layout: BatchLayout, make: Callable[[int, CompiledOp, int], Callable]) -> list:
+    def _branch_table(self, layout: BatchLayout, make: Callable[[int, CompiledOp, int], _Branch]) -> list[_Branch]:
         """The loop's ``lax.switch`` table: ``make(q, op, size)`` for each loop operation ``q`` and
         item size, in the order ``BatchArrays.items_branch`` numbers them (``item_sizes``)."""
         return [make(q, self.ops[o], size) for q, o in enumerate(layout.loop_ops) for size in item_sizes(layout.chunk)]
 
-    def _forward_branches(self, layout: BatchLayout, k_out: dict, plans: dict, buffers: _SavedBuffers,
-                          float_types: Any) -> list:
+    def _forward_branches(self, layout: BatchLayout, k_out: dict[int, int], plans: dict[int, _Plan],
+                          buffers: _SavedBuffers, float_types: list[int]) -> list[_Branch]:
         C = layout.chunk
 
-        def make(q: int, op: CompiledOp, size: int) -> Callable:
+        def make(q: int, op: CompiledOp, size: int) -> _Branch:
             def branch(lparams, rng, arenas, in_idx, first, count):
                 xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
                 saved = [jnp.zeros((C, *shape), dtype) for shape, dtype in buffers.rows_of]
@@ -300,8 +319,8 @@ class Executor:
 
         return self._branch_table(layout, make)
 
-    def _forward_loop(self, lparams: Any, arenas: dict, arrays: BatchArrays, layout: BatchLayout, key: Any,
-                      plans: dict) -> tuple[dict, list]:
+    def _forward_loop(self, lparams: Any, arenas: Arenas, arrays: BatchArrays, layout: BatchLayout, key: Any,
+                      plans: dict[int, _Plan]) -> tuple[dict, list]:
         """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
         buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
@@ -328,12 +347,12 @@ class Executor:
         return arenas, saved
 
     # ------------------------------------------------------------ backward
-    def _backward_branches(self, layout: BatchLayout, k_in: dict, float_types: list, plans: dict,
-                           buffers: _SavedBuffers) -> list:
+    def _backward_branches(self, layout: BatchLayout, k_in: dict[int, int], float_types: list[int],
+                           plans: dict[int, _Plan], buffers: _SavedBuffers) -> list[_Branch]:
         C = layout.chunk
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
 
-        def make(q: int, op: CompiledOp, size: int) -> Callable:
+        def make(q: int, op: CompiledOp, size: int) -> _Branch:
             def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, saved):
                 xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
 
@@ -372,8 +391,8 @@ class Executor:
 
         return self._branch_table(layout, make)
 
-    def _backward_loop(self, lparams: Any, arenas: dict, ct: dict, arrays: BatchArrays, layout: BatchLayout, key: Any,
-                       plans: dict, saved: list) -> tuple:
+    def _backward_loop(self, lparams: Any, arenas: Arenas, ct: Arenas, arrays: BatchArrays, layout: BatchLayout,
+                       key: Any, plans: dict[int, _Plan], saved: list) -> tuple:
         float_types = sorted(ct)
         k_out = self._slots(layout.loop_ops, "out_slots")
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
@@ -419,7 +438,7 @@ class Executor:
         hoist = ("hoist", layout.hoist_ops, layout.hoist_sizes, layout.chunk, _HOIST_STREAM)
         tail = ("tail", layout.tail_ops, layout.tail_sizes, layout.chunk, _TAIL_STREAM)
 
-        def split(arenas: dict) -> tuple[dict, dict]:
+        def split(arenas: Arenas) -> tuple[Arenas, Arenas]:
             return ({t: a for t, a in arenas.items() if t in float_ids},
                     {t: a for t, a in arenas.items() if t not in float_ids})
 
@@ -479,7 +498,7 @@ class Executor:
         return call
 
     # ------------------------------------------------------------------ run
-    def arenas(self, params: Any, batch: Any, key: Any = None) -> dict:
+    def arenas(self, params: Any, batch: Any, key: Any = None) -> Arenas:
         """All arenas after running ``batch`` (pure; differentiable in ``params``, which
         ``Compiler.prepare_params`` checked).
 
@@ -511,10 +530,10 @@ class _SavedBuffers(NamedTuple):
     of_leaves: dict    # per saving loop operation: the buffer of each of its saved leaves
 
     @classmethod
-    def of(cls, plans: dict, saved_rows: tuple, chunk: int) -> _SavedBuffers:
+    def of(cls, plans: dict[int, _Plan], saved_rows: tuple[int, ...], chunk: int) -> _SavedBuffers:
         """The buffers for ``plans`` (``Executor._plans``), operation ``q`` needing ``saved_rows[q]``
         rows and items writing ``chunk`` rows each."""
-        keys: list = []
+        keys: list[tuple[tuple[int, ...], Any, int]] = []  # (row shape, dtype, n)
         first: list = []
         ends: list = []  # per buffer: the end of its last region's spill rows
         of_leaves: dict[int, list] = {}
@@ -536,19 +555,19 @@ class _SavedBuffers(NamedTuple):
         return cls(tuple((shape, dtype) for shape, dtype, _ in keys), rows, tuple(first), of_leaves)
 
 
-def _pieces(aux: dict, piece: int) -> jax.Array:
+def _pieces(aux: _GroupAux, piece: int) -> jax.Array:
     """How many pieces of ``piece`` rows hold a group's real rows."""
     return (jnp.sum(aux["valid"], dtype=jnp.int32) + piece - 1) // piece
 
 
-def _piece(aux: dict, piece: int, k: Any) -> tuple:
+def _piece(aux: _GroupAux, piece: int, k: Any) -> tuple:
     """Piece ``k`` of a group: its input rows, valid mask, destination rows (per output) and key."""
     at = lambda a: lax.dynamic_slice_in_dim(a, k * piece, piece)  # noqa: E731
     rng = None if aux["rng"] is None else jax.random.fold_in(aux["rng"], k)
     return at(aux["idx"]), at(aux["valid"]), [at(d) for d in aux["dest"]], rng
 
 
-def _gather_rows(op: CompiledOp, arenas: dict, idx: jax.Array) -> list:
+def _gather_rows(op: CompiledOp, arenas: Arenas, idx: jax.Array) -> list[jax.Array]:
     """``op``'s input rows ``idx`` (one column per input) from ``arenas``."""
     return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
 
@@ -559,7 +578,7 @@ def _masked(valid: jax.Array, x: jax.Array, fill: Any = None) -> jax.Array:
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, fill)
 
 
-def _write_rows(arenas: dict, op: CompiledOp, ys: list, valid: jax.Array, dest: list) -> dict:
+def _write_rows(arenas: Arenas, op: CompiledOp, ys: list[jax.Array], valid: jax.Array, dest: list[jax.Array]) -> Arenas:
     """``arenas`` with ``op``'s outputs ``ys`` written to rows ``dest`` (one array per output;
     out-of-bounds rows are dropped), zeros on rows that are not ``valid``."""
     arenas = dict(arenas)
@@ -573,7 +592,7 @@ def _write_at(buffer: jax.Array, chunk: jax.Array, start: Any) -> jax.Array:
     return lax.dynamic_update_slice(buffer, chunk, (start, *(_I0,) * (buffer.ndim - 1)))
 
 
-def _check(op: CompiledOp, ys: list) -> list:
+def _check(op: CompiledOp, ys: list[jax.Array]) -> list[jax.Array]:
     """``op``'s results ``ys``, checked against its declared types."""
     for y, t in zip(ys, op.spec.out_types):
         if y.shape[1:] != t.shape or y.dtype != t.dtype:

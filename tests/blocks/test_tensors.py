@@ -100,7 +100,7 @@ def test_concat_incompatible_is_type_error(inputs, kwargs):
 
 def test_concat_takes_scalars_as_vectors_of_one():
     """As in Fold: ``(Vector(2), Scalar()) >> Concat()`` is a vector of 3; gradients reach both."""
-    model = fd.Record((fd.Vector(2), fd.Scalar(), fd.Scalar())) >> fd.Concat() >> fd.FC(2, activation=None)
+    model = fd.Record((fd.Vector(2), fd.Scalar(), fd.Scalar())) >> fd.Concat() >> fd.FC(2, activation=None, name="fc")
     assert (fd.Record((fd.Scalar(), fd.Scalar())) >> fd.Concat()).output_type == fd.TensorType((2,))
     compiler = fd.Compiler.create(model)
     params = compiler.init(jax.random.key(0))

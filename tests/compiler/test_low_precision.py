@@ -112,7 +112,8 @@ def test_check_numerics_looks_inside_bfloat16_arenas():
 
 def test_bfloat16_arrays_are_inputs_and_constants():
     bf16 = np.dtype("bfloat16")
-    model = fd.Record((fd.Vector(2, "bfloat16"), fd.FromTensor(np.asarray([0.5, 0.25], bf16)))) >> fd.Function(
+    constant = fd.Void() >> fd.FromTensor(np.asarray([0.5, 0.25], bf16))
+    model = fd.Record((fd.Vector(2, "bfloat16"), constant)) >> fd.Function(
         lambda a, b: (a * b).astype(jnp.float32))
     compiler = fd.Compiler.create(model)
     out = compiler.apply({}, compiler.build_batch([(np.asarray([2.0, 4.0], bf16), None),
