@@ -90,7 +90,8 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
     h = fd.TensorType((args.state_size,))
     state = fd.TupleType(h, h)
     cell = fd.BinaryTreeLSTMCell(args.state_size, recurrent_dropout=args.recurrent_dropout)
-    embedding = fd.Embedding(len(word_idx), args.embed_size, initializer=table)
+    # Named: the optimizer finds the embedding by its name (make_optimizer).
+    embedding = fd.Embedding(len(word_idx), args.embed_size, initializer=table, name="embedding")
     embed_dropout = fd.Dropout(args.embed_dropout) if args.embed_dropout else None
     word_dropout = WordDropout(args.word_dropout, word_idx[UNKNOWN]) if args.word_dropout else None
     readout = fd.FC(2 if args.binary else CLASSES, activation=None)

@@ -24,10 +24,11 @@ import os
 import pathlib
 import tempfile
 import zipfile
-from typing import Any
 
 import jax
 import numpy as np
+
+from fold.typing import PyTree
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
@@ -37,11 +38,11 @@ _KEY_PREFIX = "__prng_key__:"  # typed PRNG keys are stored as their raw key dat
 _DTYPE_PREFIX = "__dtype__:"
 
 
-def _entries(tree: Any) -> list[tuple[str, Any]]:
+def _entries(tree: PyTree) -> list[tuple[str, object]]:
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def save_checkpoint(path: str | os.PathLike, tree: Any) -> None:
+def save_checkpoint(path: str | os.PathLike[str], tree: PyTree) -> None:
     """Writes the arrays of ``tree`` (any pytree of arrays and numbers) to ``path`` (``.npz``).
 
     The file is written next to ``path`` and renamed over it, so an interrupted save leaves the
@@ -52,7 +53,7 @@ def save_checkpoint(path: str | os.PathLike, tree: Any) -> None:
     """
     arrays: dict[str, np.ndarray] = {}
     for key, leaf in _entries(tree):
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             arrays[_KEY_PREFIX + key] = np.asarray(jax.random.key_data(leaf))
             continue
         value = np.asarray(leaf)
@@ -74,7 +75,7 @@ def save_checkpoint(path: str | os.PathLike, tree: Any) -> None:
         raise
 
 
-def load_checkpoint(path: str | os.PathLike, like: Any) -> Any:
+def load_checkpoint(path: str | os.PathLike[str], like: PyTree) -> PyTree:
     """Reads ``path`` (written by ``save_checkpoint``) into the structure of ``like``.
 
     Args:
@@ -107,12 +108,13 @@ def load_checkpoint(path: str | os.PathLike, like: Any) -> Any:
     leaves = []
     for key, template in entries:
         is_key, value = files[key]
-        template_is_key = isinstance(template, jax.Array) and jax.dtypes.issubdtype(template.dtype,
+        template_is_key = isinstance(template, jax.Array) and jax.numpy.issubdtype(template.dtype,
                                                                                       jax.dtypes.prng_key)
         if is_key != template_is_key:
             raise ValueError(f"{path}: {key} is {'a' if is_key else 'not a'} PRNG key, the template's "
                              f"{'is' if template_is_key else 'is not'}")
         if is_key:
+            assert isinstance(template, jax.Array)  # template_is_key
             leaves.append(jax.random.wrap_key_data(jax.numpy.asarray(value), impl=jax.random.key_impl(template)))
             continue
         want = np.asarray(template)

@@ -16,13 +16,15 @@ marks and carries them between its layers:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 __all__ = ["ExplainedTypeError", "InvalidConstant", "LeafError", "check_int", "set_type", "type_error"]
+
+T = TypeVar("T")
 
 
 class ExplainedTypeError(TypeError):
@@ -34,20 +36,29 @@ class ExplainedTypeError(TypeError):
         self.cases = cases
 
 
-def type_error(a: Any, a_type: Any, b: Any, b_type: Any, how: str, detail: str = "") -> ExplainedTypeError:
+def type_error(a: object, a_type: object, b: object, b_type: object, how: str, detail: str = "") -> ExplainedTypeError:
     """A type mismatch naming both blocks and both types: ``{a} {how} {a_type} but {b} has {b_type}``,
     with what to write instead where ``b`` knows (its ``mismatch_hint`` of the side ``detail`` names)."""
     msg = f"type mismatch: {a!r} {how} {a_type} but {b!r} has {b_type}"
     if detail:
         msg += f" ({detail})"
     side = "input" if detail.startswith("input type") else "output" if detail.startswith("output type") else None
-    hint = b.mismatch_hint(side) if side is not None and hasattr(b, "mismatch_hint") else None
+    hinted = getattr(b, "mismatch_hint", None)
+    hint = hinted(side) if side is not None and hinted is not None else None
     if hint:
         msg += f": {hint}"
     return ExplainedTypeError(msg)
 
 
-def set_type(block: Any, side: str, t: Any, explain: Callable[[TypeError], TypeError]) -> None:
+class _Typed(Protocol):
+    """What ``set_type`` sets types on: a block."""
+
+    def set_input_type(self, input_type: object) -> object: ...
+
+    def set_output_type(self, output_type: object) -> object: ...
+
+
+def set_type(block: _Typed, side: str, t: object, explain: Callable[[TypeError], TypeError]) -> None:
     """Sets ``block``'s ``side`` (``"input"`` or ``"output"``) type to ``t``. A ``TypeError`` that
     setting it raises (inference runs in every block it reaches) is replaced by ``explain(e)``
     unless it is already explained."""
@@ -65,7 +76,7 @@ def set_type(block: Any, side: str, t: Any, explain: Callable[[TypeError], TypeE
 class LeafError(Exception):
     """An error of a leaf run by its parent with ``run_leaf``: the driver unwraps it."""
 
-    def __init__(self, block: Any, label: Any, error: Exception):
+    def __init__(self, block: object, label: object, error: Exception):
         super().__init__(error)
         self.block, self.label, self.error = block, label, error
 
@@ -78,7 +89,7 @@ class InvalidConstant(Exception):
         self.error = error
 
 
-def check_examples(examples: Any, where: str) -> Any:
+def check_examples(examples: Iterable[T], where: str) -> Iterable[T]:
     """``examples`` if it can be a collection of examples for ``where`` (``"build_batch"``, ...):
     an iterable, but not a string, bytes, a dict or a set, whose iteration gives characters,
     keys or an order of its own: a batch of those would hold other examples than the caller
@@ -97,7 +108,7 @@ def check_examples(examples: Any, where: str) -> Any:
     return examples
 
 
-def check_int(name: str, value: Any, minimum: int) -> int:
+def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` as an int, if it is one (a Python or NumPy int, not a bool) of at least
     ``minimum``; else ValueError naming the option ``name``. A float such as 2.5 or a string
     would otherwise fail later, in ``range`` or ``islice``, with a message that names neither."""

@@ -10,17 +10,21 @@ operations dominate, and what padding costs. Needs matplotlib.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fold.compiler.compiler import Compiler, check_compiler
 from fold.errors import check_examples
 from fold.scheduler.builder import run_examples
 from fold.scheduler.schedule import GroupProfile, profile
+from fold.typing import PyObject
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["plot_schedule", "schedule_profile"]
 
 
-def schedule_profile(compiler: Compiler, examples: Iterable[Any]) -> tuple[list[GroupProfile], int]:
+def schedule_profile(compiler: Compiler, examples: Iterable[PyObject]) -> tuple[list[GroupProfile], int]:
     """The groups of the schedule ``examples`` get as one batch, in the order they run, and the
     ``C`` the compiler picks for it.
 
@@ -35,7 +39,7 @@ def schedule_profile(compiler: Compiler, examples: Iterable[Any]) -> tuple[list[
     return profile(compiler.program, builder.arrays(), chunk), chunk
 
 
-def plot_schedule(compiler: Compiler, examples: Iterable[Any], ax: Any = None) -> Any:
+def plot_schedule(compiler: Compiler, examples: Iterable[PyObject], ax: Axes | None = None) -> Axes:
     """Draws the schedule of ``examples`` as one batch (see the module docstring).
 
     Args:
@@ -57,8 +61,8 @@ def plot_schedule(compiler: Compiler, examples: Iterable[Any], ax: Any = None) -
     examples = list(check_examples(examples, "plot_schedule"))
     groups, chunk = schedule_profile(compiler, examples)
     own_figure = ax is None
-    if own_figure:
-        _, ax = plt.subplots(figsize=(8, 3.5))
+    if ax is None:
+        figure, ax = plt.subplots(figsize=(8, 3.5))
     steps = sorted({(g.depth, g.stage) for g in groups})
     x_of = {step: i for i, step in enumerate(steps)}
     ops = sorted({g.op for g in groups})
@@ -80,5 +84,5 @@ def plot_schedule(compiler: Compiler, examples: Iterable[Any], ax: Any = None) -
     ax.set_title(f"{len(examples)} examples: {nodes:,} nodes, {computed:,} rows computed (C = {chunk})")
     ax.legend(fontsize="small", loc="upper right")
     if own_figure:
-        ax.figure.tight_layout()
+        figure.tight_layout()
     return ax

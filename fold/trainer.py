@@ -53,20 +53,20 @@ import math
 import pathlib
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fold.blocks.host import PyObject
 from fold.checkpoint import load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler, check_compiler
 from fold.compiler.result import Result
 from fold.errors import check_examples, check_int
 from fold.scheduler.batch import Batch
 from fold.scheduler.records import RecordedExamples
+from fold.typing import Params, PyObject, PyTree
 
 __all__ = ["Trainer", "TrainState", "FitResult"]
 
@@ -76,28 +76,53 @@ logger = logging.getLogger("fold")
 LAST, BEST, HISTORY = "last.npz", "best.npz", "history.json"
 
 
+Record = dict[str, "int | float | bool | np.ndarray"]
+"""One evaluation: ``step``, ``epoch``, ``train_loss``, ``seconds``, the scores and ``best``."""
+
+ScoreFn = Callable[[Params], dict[str, float]]
+"""``scores=``: more scores per evaluation, from the parameters."""
+
+
+class _Writer(Protocol):
+    """What ``fit`` uses of a tensorboardX ``SummaryWriter``."""
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Bar(Protocol):
+    """What ``fit`` uses of a tqdm progress bar."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def set_postfix(self, *, loss: str, refresh: bool) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class TrainState(NamedTuple):
     """Everything a run needs to continue: saved as ``last.npz`` and restored by ``resume=True``."""
 
-    params: Any
-    opt_state: Any
-    step: Any  # optimizer steps taken
-    epoch: Any  # epochs completed
-    epoch_step: Any  # steps taken in the epoch under way
-    best: Any  # best monitored score so far (+inf or -inf before the first evaluation)
-    stale: Any  # evaluations since it last improved
+    params: Params
+    opt_state: PyTree
+    step: int  # optimizer steps taken
+    epoch: int  # epochs completed
+    epoch_step: int  # steps taken in the epoch under way
+    best: float  # best monitored score so far (NaN before the first evaluation)
+    stale: int  # evaluations since it last improved
 
 
 class FitResult(NamedTuple):
     """What ``Trainer.fit`` returns."""
 
-    params: Any
+    params: Params
     """The parameters after the last step."""
-    best_params: Any
+    best_params: Params
     """The parameters of the best evaluation (``params`` when there was no evaluation)."""
-    best: dict | None
+    best: Record | None
     """The best evaluation's record (``step``, ``epoch`` and its scores), or None."""
-    history: list[dict]
+    history: list[Record]
     """One record per evaluation (or per epoch without evaluations): ``step``, ``epoch``, ``train_loss``
     (mean since the previous record), ``seconds`` (since ``fit`` started), the scores and ``best``."""
     state: TrainState
@@ -131,7 +156,7 @@ class _FitOptions:
 
     epochs: int
     evaluates: bool  # a dev set or scores: evaluations record scores and pick the best
-    scores: Callable[[Any], dict[str, float]] | None
+    scores: ScoreFn | None
     eval_every: int | None
     monitor: str | None
     mode: str | None
@@ -141,7 +166,7 @@ class _FitOptions:
     drop_remainder: bool
 
     @classmethod
-    def checked(cls, epochs: int, dev: object, scores: Callable[[Any], dict[str, float]] | None,
+    def checked(cls, epochs: int, dev: object, scores: ScoreFn | None,
                 eval_every: int | None, monitor: str | None, mode: str | None, patience: int | None,
                 checkpoint_dir: str | pathlib.Path | None, resume: bool, drop_remainder: bool,
                 loss: str | Callable[[Result], jax.Array]) -> _FitOptions:
@@ -167,14 +192,14 @@ class _Run:
     """A ``fit`` in progress: its options and data, the state, its history and where it writes."""
 
     state: TrainState
-    best_params: Any
-    history: list[dict[str, Any]]
+    best_params: Params
+    history: list[Record]
     options: _FitOptions
     train: RecordedExamples
     dev: RecordedExamples | None
     per_epoch: int  # steps per epoch
-    writer: Any  # a tensorboardX SummaryWriter, or None
-    bar: Any = None  # the tqdm progress bar
+    writer: _Writer | None
+    bar: _Bar | None = None
     started: float = dataclasses.field(default_factory=time.perf_counter)
     losses: list[float] = dataclasses.field(default_factory=list)  # since the last record
     pending: _Step | None = None  # the last step, its loss not yet read
@@ -189,7 +214,7 @@ class _Run:
         save_checkpoint(directory / LAST, self.state._asdict())
         (directory / HISTORY).write_text(json.dumps(self.history, indent=1) + "\n")
 
-    def keep_if_best(self, record: dict[str, Any]) -> bool:
+    def keep_if_best(self, record: Record) -> bool:
         """Keeps the current parameters if ``record``'s monitored score is the best so far (marking
         ``record["best"]``); True when ``patience`` evaluations in a row did not improve on it."""
         options, state = self.options, self.state
@@ -288,7 +313,7 @@ class Trainer:
         return f"Trainer({self.compiler!r}, loss={loss!r}, batch_size={self.batch_size}, seed={self.seed})"
 
     # ------------------------------------------------------------------ train
-    def _loss(self, params: Any, batch: Batch, key: jax.Array) -> jax.Array:
+    def _loss(self, params: Params, batch: Batch, key: jax.Array) -> jax.Array:
         result = self.compiler.apply(params, batch, key)
         if isinstance(self.loss, str):
             return result.metrics[self.loss].mean()
@@ -301,22 +326,23 @@ class Trainer:
                             "result.metrics['loss'].mean())")
         return loss
 
-    def _train_step(self, params: Any, opt_state: Any, batch: Batch, step: jax.Array) -> tuple:
+    def _train_step(self, params: Params, opt_state: PyTree, batch: Batch,
+                    step: jax.Array) -> tuple[Params, PyTree, jax.Array]:
         key = jax.random.fold_in(jax.random.key(self.seed), step)
         loss, grads = jax.value_and_grad(self._loss)(params, batch, key)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    def init(self, params: Any = None) -> TrainState:
+    def init(self, params: Params | None = None) -> TrainState:
         """A fresh ``TrainState``: ``params`` (default ``compiler.init(key(seed))``) and the optimizer's state."""
         if params is None:
             params = self.compiler.init(jax.random.key(self.seed))
         params = self.compiler.prepare_params(params)
         return TrainState(params, self.optimizer.init(params), 0, 0, 0, math.nan, 0)
 
-    def fit(self, train: Iterable[Any] | RecordedExamples, *, epochs: int, params: Any = None,
-            dev: Iterable[Any] | RecordedExamples | None = None,
-            scores: Callable[[Any], dict[str, float]] | None = None, eval_every: int | None = None,
+    def fit(self, train: Iterable[PyObject] | RecordedExamples, *, epochs: int, params: Params | None = None,
+            dev: Iterable[PyObject] | RecordedExamples | None = None,
+            scores: ScoreFn | None = None, eval_every: int | None = None,
             monitor: str | None = None, mode: str | None = None, patience: int | None = None,
             checkpoint_dir: str | pathlib.Path | None = None, resume: bool = False,
             log_dir: str | pathlib.Path | None = None, drop_remainder: bool = True) -> FitResult:
@@ -388,17 +414,16 @@ class Trainer:
             return data
         return self.compiler.record(check_examples(data, where), progress=self.progress)
 
-    def _start(self, options: _FitOptions, train: RecordedExamples, dev: RecordedExamples | None, params: Any,
+    def _start(self, options: _FitOptions, train: RecordedExamples, dev: RecordedExamples | None, params: Params | None,
                log_dir: str | pathlib.Path | None) -> _Run:
         """A run at its first step, or where its checkpoint left it (``resume``)."""
         if dev is not None and not len(dev):
             raise ValueError("fit got no dev examples: pass dev=None to train without evaluating")
         per_epoch = _steps_per_epoch(len(train), self.batch_size, options.drop_remainder)
-        run = _Run(self.init(params), None, [], options, train, dev, per_epoch, _writer(log_dir))
+        state = self.init(params)
+        run = _Run(state, state.params, [], options, train, dev, per_epoch, _writer(log_dir))
         if options.resume and options.directory is not None and (options.directory / LAST).exists():
             self._restore(run)
-        if run.best_params is None:
-            run.best_params = run.state.params
         run.bar = _bar(self.progress, total=options.epochs * per_epoch, initial=int(run.state.step), desc="training")
         run.started = time.perf_counter()
         return run
@@ -454,7 +479,7 @@ class Trainer:
         """Records an evaluation (the train loss since the last one, dev metrics, scores), keeps the
         best parameters and saves the run; True when it asks to stop early."""
         state = run.state
-        record: dict[str, Any] = {"step": int(state.step), "epoch": int(state.epoch)}
+        record: Record = {"step": int(state.step), "epoch": int(state.epoch)}
         self._log_loss(run, None)
         record["train_loss"] = float(np.mean(run.losses)) if run.losses else math.nan
         record["seconds"] = round(time.perf_counter() - run.started, 3)
@@ -479,8 +504,8 @@ class Trainer:
         run.state = restored._replace(step=int(restored.step), epoch=int(restored.epoch),
                                       epoch_step=int(restored.epoch_step), best=float(restored.best),
                                       stale=int(restored.stale))
-        if (directory / BEST).exists():
-            run.best_params = load_checkpoint(directory / BEST, run.state.params)
+        has_best = (directory / BEST).exists()
+        run.best_params = load_checkpoint(directory / BEST, run.state.params) if has_best else run.state.params
         if (directory / HISTORY).exists():
             run.history = json.loads((directory / HISTORY).read_text())
         logger.info("resumed from %s at step %d (epoch %d)", directory / LAST, run.state.step, run.state.epoch)
@@ -498,12 +523,14 @@ class Trainer:
             run.losses.append(value)
             if run.writer is not None:
                 run.writer.add_scalar("train/loss", value, run.pending.step)
+            assert run.bar is not None  # made by _start
             run.bar.set_postfix(loss=f"{value:.4g}", refresh=False)
         run.pending = step
         if step is not None:
+            assert run.bar is not None  # made by _start
             run.bar.update(1)
 
-    def _stop_diverged(self, run: _Run, diverged: _Diverged, train: Any) -> None:
+    def _stop_diverged(self, run: _Run, diverged: _Diverged, train: Iterable[PyObject] | RecordedExamples) -> None:
         """Goes back to the state before the diverging step when it is finite (saving it as the last
         state) and warns, naming the step's examples, checked with ``check_numerics`` when ``train``
         holds the examples themselves."""
@@ -529,7 +556,7 @@ class Trainer:
         logger.warning("%s, and the parameters after it are not; the run stopped, its state the one before that "
                        "step; %s", where, found)
 
-    def _report(self, record: dict, writer: Any) -> None:
+    def _report(self, record: Record, writer: _Writer | None) -> None:
         line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
         if self.progress:
             from tqdm.auto import tqdm
@@ -540,18 +567,18 @@ class Trainer:
         if writer is not None:
             for k, v in record.items():
                 if isinstance(v, float) and k != "step":
-                    writer.add_scalar(k.replace("dev_", "dev/", 1), v, record["step"])
+                    writer.add_scalar(k.replace("dev_", "dev/", 1), v, int(record["step"]))
 
     # ------------------------------------------------------------- eval, infer
-    def _eval_batches(self, data: Iterable[Any] | RecordedExamples, batch_size: int | None,
+    def _eval_batches(self, data: Iterable[PyObject] | RecordedExamples, batch_size: int | None,
                       where: str) -> Iterator[Batch]:
         if not isinstance(data, RecordedExamples):
             check_examples(data, where)
         batch_size = self.eval_batch_size if batch_size is None else check_int("batch_size", batch_size, 1)
         return self.compiler.batches(data, batch_size, num_workers=self.num_workers)
 
-    def evaluate(self, params: Any, data: Iterable[Any] | RecordedExamples, per_example: bool = False,
-                 batch_size: int | None = None) -> dict[str, Any]:
+    def evaluate(self, params: Params, data: Iterable[PyObject] | RecordedExamples, per_example: bool = False,
+                 batch_size: int | None = None) -> dict[str, float | np.ndarray]:
         """Each metric's mean over every entry ``data`` produces (no stochastic layers).
 
         Args:
@@ -569,8 +596,9 @@ class Trainer:
         Raises:
           ValueError: ``data`` holds no examples, or ``batch_size`` is not an int >= 1.
         """
-        sums: dict[str, Any] = {}
-        counts: dict[str, Any] = {}
+        sums: dict[str, np.ndarray] = {}
+        counts: dict[str, int] = {}
+        parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # per_example: (examples, entry means)
         n = 0
         for batch in self._eval_batches(data, batch_size, "evaluate"):
             n += batch.layout.num_examples
@@ -580,17 +608,18 @@ class Trainer:
                 if per_example:
                     flat = values.reshape(len(values), int(np.prod(values.shape[1:]))).mean(axis=1)
                     example = np.asarray(batch.example_indices)[np.asarray(m.example)[mask]]
-                    sums.setdefault(name, []).append((example, flat))
+                    parts.setdefault(name, []).append((example, flat))
                 else:
-                    sums[name] = sums.get(name, 0.0) + values.sum(axis=0, dtype=np.float64)
+                    total = values.sum(axis=0, dtype=np.float64)
+                    sums[name] = sums[name] + total if name in sums else total
                     counts[name] = counts.get(name, 0) + len(values)
         if not n:
             raise ValueError("evaluate got no examples")
         if per_example:
-            out = {}
-            for name, parts in sums.items():
+            out: dict[str, float | np.ndarray] = {}
+            for name, metric_parts in parts.items():
                 total, count = np.zeros(n), np.zeros(n)
-                for example, flat in parts:
+                for example, flat in metric_parts:
                     np.add.at(total, example, flat)
                     np.add.at(count, example, 1)
                 with np.errstate(invalid="ignore"):
@@ -599,7 +628,8 @@ class Trainer:
         with np.errstate(invalid="ignore"):  # a metric with no entry has no mean: NaN, as per example
             return {name: _scalar(sums[name] / counts[name]) for name in sums}
 
-    def predict(self, params: Any, data: Iterable[Any] | RecordedExamples, batch_size: int | None = None) -> Any:
+    def predict(self, params: Params, data: Iterable[PyObject] | RecordedExamples,
+                batch_size: int | None = None) -> PyTree:
         """The model's outputs for every example of ``data``, in order (NumPy; a tuple output gives
         a tuple of arrays)."""
         parts = [jax.tree.map(np.asarray, self.compiler.apply(params, b).outputs)
@@ -609,7 +639,7 @@ class Trainer:
         return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
-def _finite(tree: Any) -> bool:
+def _finite(tree: PyTree) -> bool:
     """Whether every float leaf of ``tree`` is finite (read on the host: a diverging run's check only)."""
     return all(np.isfinite(leaf).all() for leaf in map(np.asarray, jax.tree_util.tree_leaves(tree))
                if jnp.issubdtype(leaf.dtype, jnp.inexact))
@@ -624,7 +654,7 @@ def _steps_per_epoch(n: int, batch_size: int, drop_remainder: bool) -> int:
     return n // batch_size if drop_remainder else -(-n // batch_size)
 
 
-def _scalar(x: np.ndarray) -> Any:
+def _scalar(x: np.ndarray) -> float | np.ndarray:
     return float(x) if np.ndim(x) == 0 else x
 
 
@@ -632,7 +662,7 @@ def _mode_of(score: str) -> str:
     return "min" if any(word in score for word in ("loss", "error")) else "max"
 
 
-def _best_record(history: list[dict]) -> dict | None:
+def _best_record(history: list[Record]) -> Record | None:
     best = None
     for record in history:
         if record.get("best"):
@@ -640,17 +670,19 @@ def _best_record(history: list[dict]) -> dict | None:
     return best
 
 
-def _writer(log_dir: str | pathlib.Path | None) -> Any:
+def _writer(log_dir: str | pathlib.Path | None) -> _Writer | None:
     if log_dir is None:
         return None
     try:
         from tensorboardX import SummaryWriter
     except ImportError as e:
         raise ImportError("log_dir needs tensorboardX: pip install tensorboardX") from e
-    return SummaryWriter(str(log_dir))
+    writer: _Writer = SummaryWriter(str(log_dir))
+    return writer
 
 
-def _bar(show: bool, **kwargs: Any) -> Any:
+def _bar(show: bool, total: int, initial: int, desc: str) -> _Bar:
     from tqdm.auto import tqdm
 
-    return tqdm(unit="step", disable=not show, **kwargs)
+    bar: _Bar = tqdm(unit="step", disable=not show, total=total, initial=initial, desc=desc)
+    return bar

@@ -17,9 +17,10 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fold.blocks.base import Block
+from fold.blocks.host import BlockLike
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -28,6 +29,11 @@ from fold.blocks.types import (
     VoidType,
     fold_type,
 )
+
+if TYPE_CHECKING:
+    import graphviz
+
+    from fold.compiler.compiler import Compiler
 
 __all__ = ["visualize", "short_type"]
 
@@ -47,7 +53,7 @@ def short_type(t: Type | None) -> str:
                      lambda _, items: f"({', '.join(items)})", sequence, other)
 
 
-def visualize(block: Any, types: bool = True) -> Any:
+def visualize(block: BlockLike | Compiler, types: bool = True) -> graphviz.Digraph:
     """The block tree of ``block`` as a ``graphviz.Digraph`` (see the module docstring).
 
     Args:

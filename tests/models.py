@@ -49,7 +49,7 @@ def make_rnn(dtype: str = "float32", seed: int = 0, n: int = 20):
     examples[0] = []
 
     def reference(params: dict, xs: list) -> np.ndarray:
-        p = np_params(params)["lstm_cell"]
+        p = np_params(params)[cell.name]
         c = h = np.zeros(8)
         for x in xs:
             z = np.concatenate([np.asarray(x, np.float64), h]) @ p["w"] + p["b"]
@@ -86,7 +86,7 @@ def make_calculator(dtype: str = "float32", seed: int = 0, n: int = 20):
     examples = [expr(rng.randint(0, 6)) for _ in range(n)]
 
     def reference(params: dict, e: dict) -> float:
-        p = np_params(params)["fc"]
+        p = np_params(params)[scale.name]
         if e["op"] == "lit":
             return float(e["val"])
         if e["op"] == "squash":
@@ -116,7 +116,7 @@ def make_tree_lstm(dtype: str = "float32", seed: int = 0, n: int = 20, hidden: i
 
     def reference(params: dict, tree) -> np.ndarray:
         p = np_params(params)
-        w, b = p["binary_tree_lstm_cell"]["w"], p["binary_tree_lstm_cell"]["b"]
+        w, b = p[cell.name]["w"], p[cell.name]["b"]
 
         def cell_fn(x, left, right):
             z = np.concatenate([x, left[1], right[1]]) @ w + b
@@ -129,7 +129,7 @@ def make_tree_lstm(dtype: str = "float32", seed: int = 0, n: int = 20, hidden: i
         def go(t):
             if isinstance(t, tuple):
                 return cell_fn(np.zeros(4), go(t[0]), go(t[1]))
-            return cell_fn(p["embedding"]["table"][t % words], zero, zero)
+            return cell_fn(p[embed.name]["table"][t % words], zero, zero)
 
         return go(tree)[1]
 
@@ -152,7 +152,7 @@ def make_attention(dtype: str = "float32", seed: int = 0, n: int = 20, dim: int 
     examples = [rng.normal(size=(int(k), dim)).tolist() for k in rng.integers(1, 10, n)]
 
     def reference(params: dict, xs: list) -> np.ndarray:
-        p = np_params(params)["fc"]
+        p = np_params(params)[score.name]
         x = np.asarray(xs, np.float64)
         e = np.exp(np.tanh(x @ p["w"] + p["b"])[:, 0])
         return (e[:, None] * x).sum(0) / e.sum()

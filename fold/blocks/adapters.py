@@ -23,7 +23,6 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ import numpy as np
 
 from fold.blocks.layers import Layer, takes_key
 from fold.blocks.types import TensorType, TupleType, Type
+from fold.typing import PyTree, UserModule
 
 __all__ = ["PureLayer", "EquinoxLayer", "FlaxLinenLayer", "FlaxNNXLayer", "flax_layer", "holds_arrays"]
 
@@ -47,7 +47,7 @@ class PureLayer(Layer):
     """A layer from two pure functions: ``init(key, input_type) -> params`` and
     ``apply(params, *inputs) -> outputs`` on batched inputs (Fold's ``ScopedLayer``, without scopes)."""
 
-    def __init__(self, init: Callable[[jax.Array, Type], Any], apply: Callable[..., Any], name: str | None = None,
+    def __init__(self, init: Callable[[jax.Array, Type], PyTree], apply: Callable[..., PyTree], name: str | None = None,
                  trainable: bool = True):
         if not callable(init) or not callable(apply):
             raise TypeError(f"Layer.from_pure needs two callables (init, apply), got {init!r} and {apply!r}")
@@ -55,10 +55,10 @@ class PureLayer(Layer):
         self._init, self._apply = init, apply
         self.stochastic = takes_key(apply)  # as a Layer subclass's own apply would say
 
-    def init(self, key: jax.Array, input_type: Type) -> Any:
+    def init(self, key: jax.Array, input_type: Type) -> PyTree:
         return self._init(key, input_type)
 
-    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
+    def apply(self, params: PyTree, *inputs: PyTree, key: jax.Array | None = None) -> PyTree:
         return self._apply(params, *inputs, key=key) if self.stochastic else self._apply(params, *inputs)
 
 
@@ -70,7 +70,7 @@ class EquinoxLayer(Layer):
     with a key each row gets its own (split from the call's), and without one it runs in
     ``eqx.nn.inference_mode``."""
 
-    def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
+    def __init__(self, module: UserModule, name: str | None = None, trainable: bool = True):
         import equinox as eqx
 
         super().__init__(name, trainable)
@@ -79,11 +79,11 @@ class EquinoxLayer(Layer):
             raise ValueError(f"{type(module).__name__} has no floating-point arrays to train; use fd.Function")
         self.stochastic = takes_key(type(module).__call__)
 
-    def init(self, key: jax.Array, input_type: Type) -> Any:
+    def init(self, key: jax.Array, input_type: Type) -> PyTree:
         _probe_inputs(input_type)
         return self._params
 
-    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
+    def apply(self, params: PyTree, *inputs: PyTree, key: jax.Array | None = None) -> PyTree:
         import equinox as eqx
 
         module = eqx.combine(params, self._static)
@@ -104,8 +104,8 @@ class FlaxLinenLayer(Layer):
     ``train_kwargs`` go to ``apply``, without one ``eval_kwargs`` do (``{"train": True}`` and
     ``{"train": False}``, say, for a module called as ``module(x, train)``)."""
 
-    def __init__(self, module: Any, name: str | None = None, trainable: bool = True, rngs: Sequence[str] = (),
-                 train_kwargs: Mapping[str, Any] | None = None, eval_kwargs: Mapping[str, Any] | None = None):
+    def __init__(self, module: UserModule, name: str | None = None, trainable: bool = True, rngs: Sequence[str] = (),
+                 train_kwargs: Mapping[str, object] | None = None, eval_kwargs: Mapping[str, object] | None = None):
         super().__init__(name, trainable)
         if isinstance(rngs, str) or not all(isinstance(r, str) and r for r in rngs):
             raise TypeError(f"rngs names RNG collections, as a tuple of strings (('dropout',)), got {rngs!r}")
@@ -120,10 +120,10 @@ class FlaxLinenLayer(Layer):
         self.train_kwargs, self.eval_kwargs = dict(train_kwargs or {}), dict(eval_kwargs or {})
         self.stochastic = bool(self.rngs)
 
-    def init(self, key: jax.Array, input_type: Type) -> Any:
+    def init(self, key: jax.Array, input_type: Type) -> PyTree:
         return self.module.init(key, *_probe_inputs(input_type), **self.eval_kwargs)
 
-    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
+    def apply(self, params: PyTree, *inputs: PyTree, key: jax.Array | None = None) -> PyTree:
         if key is None:
             return self.module.apply(params, *inputs, **self.eval_kwargs)
         rngs = {name: jax.random.fold_in(key, i) for i, name in enumerate(self.rngs)}
@@ -141,23 +141,23 @@ class FlaxNNXLayer(Layer):
     statistics over a batched call's rows (padding included, one depth at a time) would be
     wrong."""
 
-    def __init__(self, module: Any, name: str | None = None, trainable: bool = True):
+    def __init__(self, module: UserModule, name: str | None = None, trainable: bool = True):
         from flax import nnx
 
         super().__init__(name, trainable)
         graph, params, rngs, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
-        self._graph: Any = graph
-        self._params: Any = params
-        self._rngs: Any = rngs
-        self._rest: Any = rest
+        self._graph: PyTree = graph
+        self._params: PyTree = params
+        self._rngs: PyTree = rngs
+        self._rest: PyTree = rest
         self._name_of_module = type(module).__name__
         self.stochastic = bool(_rng_streams(module))
 
-    def init(self, key: jax.Array, input_type: Type) -> Any:
+    def init(self, key: jax.Array, input_type: Type) -> PyTree:
         _probe_inputs(input_type)
         return self._params
 
-    def apply(self, params: Any, *inputs: Any, key: jax.Array | None = None) -> Any:
+    def apply(self, params: PyTree, *inputs: PyTree, key: jax.Array | None = None) -> PyTree:
         from flax import nnx
 
         # Copies of the state, made under the caller's trace: NNX refuses to mutate variables
@@ -182,15 +182,16 @@ class FlaxNNXLayer(Layer):
         return out
 
 
-def _rng_streams(module: Any) -> list:
-    """The ``nnx.RngStream``s ``module`` holds, in graph order."""
+def _rng_streams(module: UserModule) -> list[UserModule]:
+    """The ``nnx.RngStream``s ``module`` holds, in graph order (parts of the user's module)."""
     from flax import nnx
 
     return [node for _, node in nnx.iter_graph(module) if isinstance(node, nnx.RngStream)]
 
 
-def flax_layer(module: Any, name: str | None = None, trainable: bool = True, rngs: Sequence[str] = (),
-               train_kwargs: Mapping[str, Any] | None = None, eval_kwargs: Mapping[str, Any] | None = None) -> Layer:
+def flax_layer(module: UserModule, name: str | None = None, trainable: bool = True, rngs: Sequence[str] = (),
+               train_kwargs: Mapping[str, object] | None = None,
+               eval_kwargs: Mapping[str, object] | None = None) -> Layer:
     """The layer of a Flax module, NNX or Linen (``rngs`` and the kwargs are Linen's: NNX modules
     hold their RNG streams and deterministic flags)."""
     from flax import linen, nnx
@@ -205,7 +206,7 @@ def flax_layer(module: Any, name: str | None = None, trainable: bool = True, rng
     raise TypeError(f"Layer.from_flax needs a flax.nnx.Module or a flax.linen.Module, got {type(module).__name__}")
 
 
-def holds_arrays(fn: Any) -> str | None:
+def holds_arrays(fn: object) -> str | None:
     """What a ``Function``'s ``fn`` holds that would train if it were a layer: the name of a Flax
     module's class, or of an object (an Equinox module) whose pytree leaves include arrays, looking
     through wrappers such as ``jax.vmap`` and ``functools.wraps``; None for a plain function."""

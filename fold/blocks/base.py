@@ -41,19 +41,24 @@ PyObject is itself and void is ``None``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
-from fold.blocks.host import EmitContext, HostContext, Step
-from fold.blocks.types import Type, convert_to_type
+from fold.blocks.host import BlockLike, EmitContext, HostContext, HostValue, HostWalk, Step
+from fold.blocks.types import Type, TypeLike, convert_to_type
 from fold.errors import LeafError, set_type, type_error
+from fold.typing import Params, PyObject
+
+if TYPE_CHECKING:
+    from fold.blocks.composition import Composition
+    from fold.compiler.compiler import Compiler
 
 __all__ = ["Block", "convert_to_block", "Repeat", "run_leaf", "scope_stack", "set_child", "unify"]
 
 _scopes = threading.local()
 
 
-def run_leaf(block: Step, x: Any, ctx: HostContext, label: Any = None) -> Any:
+def run_leaf(block: Step, x: HostValue, ctx: HostContext, label: PyObject = None) -> HostValue:
     """Runs leaf ``block`` on ``x`` from inside a parent's ``_host`` generator (or a leaf ``Pipe``)."""
     try:
         return block._host_leaf(x, ctx)
@@ -64,13 +69,15 @@ def run_leaf(block: Step, x: Any, ctx: HostContext, label: Any = None) -> Any:
         raise LeafError(block, label, e) from None
 
 
-def scope_stack() -> list:
+def scope_stack() -> list[Composition]:
+    """The compositions whose ``scope()`` is active in this thread, innermost last."""
     if not hasattr(_scopes, "stack"):
         _scopes.stack = []
-    return _scopes.stack
+    stack: list[Composition] = _scopes.stack
+    return stack
 
 
-def current_composition() -> Any:
+def current_composition() -> Composition | None:
     """The innermost ``Composition`` whose ``scope()`` is active, or None."""
     stack = scope_stack()
     return stack[-1] if stack else None
@@ -81,7 +88,7 @@ class Repeat:
 
     __slots__ = ("value",)
 
-    def __init__(self, value: Any):
+    def __init__(self, value: HostValue):
         self.value = value
 
     def __repr__(self) -> str:
@@ -93,8 +100,8 @@ class _BlockMeta(type):
     half-built block (types set while it is built, by ``Block.__init__`` or by its children, wait
     until then)."""
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        block = super().__call__(*args, **kwargs)
+    def __call__(cls, *args: object, **kwargs: object) -> Block:
+        block: Block = super().__call__(*args, **kwargs)
         block._ready = True
         block._infer()
         return block
@@ -117,14 +124,14 @@ class Block(metaclass=_BlockMeta):
     # A ForwardDeclaration only refers to its target: the target may also be used in one place.
     _refers_to_children = False
 
-    def __init__(self, name: str | None = None, input_type: Any = None, output_type: Any = None):
+    def __init__(self, name: str | None = None, input_type: TypeLike = None, output_type: TypeLike = None):
         self._name = name
         self._input_type: Type | None = None
         self._output_type: Type | None = None
-        self._parent: Any = None
-        self._listeners: list = []
-        self._composition: Any = None
-        self._eval_compiler: Any = None
+        self._parent: Block | None = None
+        self._listeners: list[Block] = []
+        self._composition: Composition | None = None
+        self._eval_compiler: Compiler | None = None
         comp = current_composition() if self._scoped else None
         if comp is not None:
             comp._add_member(self)
@@ -180,7 +187,7 @@ class Block(metaclass=_BlockMeta):
     def output_type(self) -> Type | None:
         return self._output_type
 
-    def set_input_type(self, input_type: Any) -> Block:
+    def set_input_type(self, input_type: TypeLike) -> Block:
         """Pins the input type; a conflict with a known type is a TypeError."""
         t = convert_to_type(input_type)
         if self._input_type is None:
@@ -191,7 +198,7 @@ class Block(metaclass=_BlockMeta):
             raise TypeError(f"{self!r} has input type {self._input_type} and cannot take input type {t}")
         return self
 
-    def set_output_type(self, output_type: Any) -> Block:
+    def set_output_type(self, output_type: TypeLike) -> Block:
         """Pins the output type; a conflict with a known type is a TypeError."""
         t = convert_to_type(output_type)
         if self._output_type is None:
@@ -231,9 +238,9 @@ class Block(metaclass=_BlockMeta):
             child._listeners.append(self)
 
     # ----------------------------------------------------------------- wiring
-    def _adopt(self, child: Any) -> Block:
-        """Makes ``child`` (a block-like) a child of this block."""
-        child = convert_to_block(child)
+    def _adopt(self, like: BlockLike) -> Block:
+        """Makes ``like`` (a block-like) a child of this block."""
+        child = convert_to_block(like)
         if child._parent is not None and not child._parent._refers_to_children:
             raise ValueError(
                 f"{child!r} is already used inside {child._parent!r}; a block may appear in "
@@ -255,17 +262,17 @@ class Block(metaclass=_BlockMeta):
         """The direct child blocks."""
         return []
 
-    def __rshift__(self, other: Any) -> Block:
+    def __rshift__(self, other: BlockLike) -> Block:
         from fold.blocks.plumbing import Pipe
 
         return Pipe(self, other)
 
-    def __rrshift__(self, other: Any) -> Block:
+    def __rrshift__(self, other: BlockLike) -> Block:
         from fold.blocks.plumbing import Pipe
 
         return Pipe(other, self)
 
-    def __getitem__(self, key: Any) -> Block:
+    def __getitem__(self, key: Hashable) -> Block:
         from fold.blocks.plumbing import GetItem, Pipe
 
         comp = current_composition() or self._composition
@@ -273,7 +280,7 @@ class Block(metaclass=_BlockMeta):
             return GetItem(key).reads(self)
         return Pipe(self, GetItem(key))
 
-    def reads(self, *others: Any) -> Block:
+    def reads(self, *others: BlockLike) -> Block:
         """Wires the outputs of ``others`` to this block's input inside a Composition."""
         comp = current_composition()
         if comp is None:
@@ -287,11 +294,11 @@ class Block(metaclass=_BlockMeta):
         return self
 
     # ------------------------------------------------------------ host walk
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         """Leaf blocks compute their host output here."""
         raise TypeError(f"{self!r} is not a leaf block")
 
-    def _host(self, x: Any, ctx: HostContext) -> Iterator:
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         """Composite blocks yield ``(child, input, label)`` and return their output."""
         raise TypeError(f"{self!r} defines no host walk")
         yield  # pragma: no cover
@@ -307,7 +314,7 @@ class Block(metaclass=_BlockMeta):
         return em.leaf(self, x) if self._leaf else em.walk(self, x)
 
     # -------------------------------------------------------------- notebook
-    def eval(self, example: Any, params: Any = None) -> Any:
+    def eval(self, example: PyObject, params: Params | None = None) -> PyObject:
         """Evaluates the block on one example (for notebooks and tests).
 
         Tensors come back as NumPy arrays, tuples as tuples, sequences as
@@ -336,11 +343,11 @@ class Block(metaclass=_BlockMeta):
         """
         return self._compiler_for_eval().eval_one(example, params)
 
-    def max_depth(self, example: Any) -> int:
+    def max_depth(self, example: PyObject) -> int:
         """The depth of ``example``'s schedule: constants 0, each operation 1 + its inputs."""
         return self._compiler_for_eval().max_depth(example)
 
-    def _compiler_for_eval(self) -> Any:
+    def _compiler_for_eval(self) -> Compiler:
         # The one import from the blocks to the compiler (docs/design.md): ``eval`` runs a block
         # the way Fold's ``block.eval`` does, through a whole compiler. It happens at call time,
         # so loading the blocks never loads the compiler.
@@ -385,7 +392,7 @@ def set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> None
     set_type(child, side, t, lambda e: type_error(owner, t, child, "(unknown)", f"gives {what} of type", str(e)))
 
 
-def convert_to_block(x: Any) -> Block:
+def convert_to_block(x: BlockLike) -> Block:
     """Converts a block-like to a block.
 
     A block is returned as is; a dict is a ``Record`` (sorted keys; an
@@ -414,13 +421,13 @@ def convert_to_block(x: Any) -> Block:
     raise TypeError(f"cannot convert {x!r} (of type {type(x).__name__}) to a block")
 
 
-def _is_jax_array(x: Any) -> bool:
+def _is_jax_array(x: object) -> bool:
     import jax
 
     return isinstance(x, jax.Array)
 
 
-def is_block_like(x: Any) -> bool:
+def is_block_like(x: object) -> bool:
     """True for anything ``convert_to_block`` accepts."""
     import numpy as np
 

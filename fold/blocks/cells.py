@@ -12,25 +12,22 @@ active only when ``compiler.apply`` gets a ``key``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
-from fold.blocks.layers import Layer, check_rate, dropout, vector_size
+from fold.blocks.layers import Initializer, Layer, Weights, check_rate, dropout, vector_size
 from fold.blocks.types import TensorType, TupleType, Type
 
 __all__ = ["LSTMCell", "GRUCell", "BinaryTreeLSTMCell"]
 
 
-def _flat(x: Any) -> jax.Array:
+def _flat(x: jax.Array | tuple[jax.Array, ...]) -> jax.Array:
     """A cell's input rows: a tuple of vectors is concatenated."""
     return jnp.concatenate(x, axis=-1) if isinstance(x, tuple) else x
 
 
 class _Cell(Layer):
-    def __init__(self, num_units: int, initializer: Callable | None, name: str | None,
+    def __init__(self, num_units: int, initializer: Initializer | None, name: str | None,
                  recurrent_dropout: float):
         super().__init__(name)
         if int(num_units) <= 0:
@@ -62,7 +59,7 @@ class _Cell(Layer):
 class _LSTMFamily(_Cell):
     """Cells whose state is an LSTM state ``(c, h)``, with a forget-gate bias."""
 
-    def __init__(self, num_units: int, forget_bias: float = 1.0, initializer: Callable | None = None,
+    def __init__(self, num_units: int, forget_bias: float = 1.0, initializer: Initializer | None = None,
                  name: str | None = None, recurrent_dropout: float = 0.0):
         super().__init__(num_units, initializer, name, recurrent_dropout)
         self.forget_bias = forget_bias
@@ -76,7 +73,7 @@ class _LSTMFamily(_Cell):
 class LSTMCell(_LSTMFamily):
     """LSTM cell: ``(x, (c, h)) -> (h', (c', h'))`` with a forget-gate bias (default 1)."""
 
-    def init(self, key: jax.Array, input_type: Type) -> dict:
+    def init(self, key: jax.Array, input_type: Type) -> Weights:
         x, state = self._split_input(input_type)
         h = TensorType((self.num_units,), x.dtype)
         self._check_state(state, TupleType(h, h), input_type)
@@ -84,7 +81,8 @@ class LSTMCell(_LSTMFamily):
         return {"w": self.initializer(key, (n, 4 * self.num_units), x.dtype),
                 "b": jnp.zeros((4 * self.num_units,), x.dtype)}
 
-    def apply(self, params: dict, x: jax.Array, state: tuple, key: jax.Array | None = None) -> tuple:
+    def apply(self, params: Weights, x: jax.Array, state: tuple[jax.Array, jax.Array],
+              key: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         c, h = state
         z = jnp.concatenate([_flat(x), h], axis=-1) @ params["w"] + params["b"]
         i, f, g, o = jnp.split(z, 4, axis=-1)
@@ -97,7 +95,7 @@ class LSTMCell(_LSTMFamily):
 class GRUCell(_Cell):
     """GRU cell: ``(x, h) -> (h', h')`` with ``h' = z * h + (1 - z) * tanh(...)``."""
 
-    def __init__(self, num_units: int, initializer: Callable | None = None, name: str | None = None,
+    def __init__(self, num_units: int, initializer: Initializer | None = None, name: str | None = None,
                  recurrent_dropout: float = 0.0):
         super().__init__(num_units, initializer, name, recurrent_dropout)
 
@@ -105,7 +103,7 @@ class GRUCell(_Cell):
     def state_type(self) -> TensorType:
         return TensorType((self.num_units,))
 
-    def init(self, key: jax.Array, input_type: Type) -> dict:
+    def init(self, key: jax.Array, input_type: Type) -> Weights:
         x, state = self._split_input(input_type)
         self._check_state(state, TensorType((self.num_units,), x.dtype), input_type)
         n, u = x.shape[0] + self.num_units, self.num_units
@@ -113,7 +111,8 @@ class GRUCell(_Cell):
         return {"w_gates": self.initializer(k1, (n, 2 * u), x.dtype), "b_gates": jnp.zeros((2 * u,), x.dtype),
                 "w_cand": self.initializer(k2, (n, u), x.dtype), "b_cand": jnp.zeros((u,), x.dtype)}
 
-    def apply(self, params: dict, x: jax.Array, h: jax.Array, key: jax.Array | None = None) -> tuple:
+    def apply(self, params: Weights, x: jax.Array, h: jax.Array,
+              key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         x = _flat(x)
         gates = jnp.concatenate([x, h], axis=-1) @ params["w_gates"] + params["b_gates"]
         r, z = jnp.split(jax.nn.sigmoid(gates), 2, axis=-1)
@@ -131,7 +130,7 @@ class BinaryTreeLSTMCell(_LSTMFamily):
     children's ``h``. The forget gates get ``forget_bias`` (default 1).
     """
 
-    def init(self, key: jax.Array, input_type: Type) -> dict:
+    def init(self, key: jax.Array, input_type: Type) -> Weights:
         x, states = self._split_input(input_type)
         h = TensorType((self.num_units,), x.dtype)
         self._check_state(states, TupleType(TupleType(h, h), TupleType(h, h)), input_type)
@@ -139,7 +138,9 @@ class BinaryTreeLSTMCell(_LSTMFamily):
         return {"w": self.initializer(key, (n, 5 * self.num_units), x.dtype),
                 "b": jnp.zeros((5 * self.num_units,), x.dtype)}
 
-    def apply(self, params: dict, x: jax.Array, states: tuple, key: jax.Array | None = None) -> tuple:
+    def apply(self, params: Weights, x: jax.Array,
+              states: tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+              key: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         (c_l, h_l), (c_r, h_r) = states
         z = jnp.concatenate([_flat(x), h_l, h_r], axis=-1) @ params["w"] + params["b"]
         i, f_l, f_r, o, u = jnp.split(z, 5, axis=-1)

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, scope_stack, unify
-from fold.blocks.host import EmitContext, HostContext
+from fold.blocks.host import BlockLike, EmitContext, HostContext, HostValue, HostWalk
 from fold.blocks.types import TupleType, VoidType, convert_to_type, fold_type
 from fold.errors import set_type, type_error
 
@@ -45,7 +44,7 @@ class _Port(Block):
         if self._owner._ready:
             self._owner._infer()
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         return x
 
 
@@ -59,7 +58,7 @@ class Composition(Block):
     a cycle, or wiring a block's input twice is an error.
     """
 
-    def __init__(self, children: Any = None, name: str | None = None):
+    def __init__(self, children: BlockLike = None, name: str | None = None):
         super().__init__(name)
         self._members: list[Block] = []
         self._sources: dict[Block, tuple[Block, ...]] = {}
@@ -107,7 +106,7 @@ class Composition(Block):
     def _is_wired(self, b: Block) -> bool:
         return b in self._sources or any(b in srcs for srcs in self._sources.values())
 
-    def connect(self, a: Any, b: Any) -> None:
+    def connect(self, a: BlockLike, b: BlockLike) -> None:
         """Feeds ``a`` to the input of ``b`` (Fold's ``Composition.connect``; ``b.reads(a)`` inside
         ``scope()`` is the same).
 
@@ -123,7 +122,7 @@ class Composition(Block):
         others = tuple(a) if isinstance(a, (tuple, list)) else (a,)
         self._connect(convert_to_block(b), others)
 
-    def _connect(self, dst: Block, others: tuple) -> None:
+    def _connect(self, dst: Block, others: tuple[BlockLike, ...]) -> None:
         if dst is self.input:
             raise ValueError(f"cannot wire the input of {self!r}: it is written by the caller")
         if not others:
@@ -201,7 +200,7 @@ class Composition(Block):
         nodes = list(self._members) + [self.output]
         pending = {n: {s for s in self._sources.get(n, ()) if s is not self.input} for n in nodes}
         order: list[tuple[Block, tuple[Block, ...]]] = []
-        done: set = set()
+        done: set[Block] = set()
         while pending:
             ready = [n for n, deps in pending.items() if deps <= done]
             if not ready:
@@ -213,10 +212,10 @@ class Composition(Block):
                 order.append((n, self._sources.get(n, ())))
         return order
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         if self._order is None:
             self._validate()
-        vals: dict = {self.input: x}
+        vals: dict[Block, HostValue] = {self.input: x}
         for b, srcs in self._order:  # type: ignore[union-attr]
             if not srcs:
                 inp = None
@@ -233,7 +232,7 @@ class Composition(Block):
     def _emit(self, em: EmitContext, x: str) -> str:
         if self._order is None:
             self._validate()
-        vals: dict = {self.input: x}
+        vals: dict[Block, str] = {self.input: x}
         for b, srcs in self._order:  # type: ignore[union-attr]
             if not srcs:
                 inp = "None"

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import functools
 import reprlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, unify
-from fold.blocks.host import EmitContext, HostContext
-from fold.blocks.types import PyObjectType, TensorType, TupleType, Type, VoidType
+from fold.blocks.host import BlockLike, EmitContext, HostContext, HostValue, HostWalk
+from fold.blocks.types import PyObjectType, TensorType, TupleType, Type, TypeLike, VoidType
 from fold.errors import ExplainedTypeError
+from fold.typing import PyObject
 
 __all__ = ["OneOf", "ForwardDeclaration", "Metric"]
 
@@ -27,8 +27,8 @@ class OneOf(Block):
     input type and one output type. A key with no case is a KeyError.
     """
 
-    def __init__(self, key_fn: Callable | Block, case_blocks: Any, pre_block: Any = None,
-                 name: str | None = None):
+    def __init__(self, key_fn: Callable[[PyObject], Hashable] | Block, case_blocks: BlockLike,
+                 pre_block: BlockLike = None, name: str | None = None):
         super().__init__(name)
         if isinstance(case_blocks, dict):
             cases = list(case_blocks.items())
@@ -73,7 +73,7 @@ class OneOf(Block):
         for key, case in keyed:
             self._unify_case(key, functools.partial(unify, case, "output", self, "output"))
 
-    def _unify_case(self, key: Any, unify_it: Callable[[], None]) -> None:
+    def _unify_case(self, key: Hashable, unify_it: Callable[[], None]) -> None:
         """Runs ``unify_it``; a type conflict names the case's key, which the blocks alone do not."""
         try:
             unify_it()
@@ -82,20 +82,21 @@ class OneOf(Block):
                 raise
             raise ExplainedTypeError(f"{self!r}, in the case for key {key!r}: {e}", e.cases | {id(self)}) from e
 
-    def _case(self, key: Any) -> Block:
+    def _case(self, key: Hashable) -> Block:
         try:
             if self._indexed:
                 # Python's indexing, as in Fold: a bool picks case 0 or 1 (``key_fn`` often is a test).
                 if not isinstance(key, (int, np.integer)):
                     raise KeyError(key)
-                return self._case_list[key]
+                case: Block = self._case_list[key]
+                return case
             return self._cases[key]
         except (KeyError, IndexError):
             raise KeyError(f"{self!r} has no case for key {key!r}; cases are {list(self._cases)!r}") from None
         except TypeError:
             raise TypeError(f"{self!r}: key {key!r} is unhashable") from None
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         if self.key_block is not None:
             key = yield self.key_block, x, "OneOf[key]"
         else:
@@ -142,7 +143,7 @@ class ForwardDeclaration(Block):
     _scoped = False
     _refers_to_children = True
 
-    def __init__(self, input_type: Any = None, output_type: Any = None, name: str | None = None):
+    def __init__(self, input_type: TypeLike = None, output_type: TypeLike = None, name: str | None = None):
         self.target: Block | None = None
         self._refs: list[Block] = []
         super().__init__(name, input_type, output_type)
@@ -155,7 +156,7 @@ class ForwardDeclaration(Block):
         ref._infer()
         return ref
 
-    def resolve_to(self, target_block: Any) -> None:
+    def resolve_to(self, target_block: BlockLike) -> None:
         """Ties the declaration to its definition. The definition may also be used in one other
         place (``decl.resolve_to(expr)`` then ``expr >> fd.FC(3)``, as Fold's calculator does)."""
         if self.target is not None:
@@ -195,7 +196,7 @@ class _Reference(Block):
     def _infer(self) -> None:
         self.decl._infer()
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         target = self.decl.target
         if target is None:
             raise ValueError(f"{self.decl!r} was never resolved: call resolve_to(block)")
@@ -268,7 +269,7 @@ class Metric(Block):
         t = t[0] if isinstance(t, TupleType) else t
         return t if isinstance(t, TensorType) else None
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> None:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> None:
         if self.labeled:
             ctx.metric(self.metric_name, x[0], x[1])
         else:

@@ -21,13 +21,14 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
 
 from fold.blocks.types import TensorType
+from fold.typing import PyObject
 
 if TYPE_CHECKING:
     from fold.blocks.base import Block
@@ -35,14 +36,19 @@ if TYPE_CHECKING:
     from fold.blocks.tensors import OpSpec
 
 __all__ = ["HostContext", "EmitContext", "Step", "OpBlock", "ExampleLimits", "DEFAULT_LIMITS", "PyObject", "HostValue",
-           "ConstValue"]
-
-PyObject: TypeAlias = Any
-"""Any Python object: a user's example, a field of it, a label, a user function's result."""
+           "HostWalk", "BlockLike", "ConstValue"]
 
 HostValue: TypeAlias = Any
 """A block's value during the host walk: an ``int`` tensor id, a tuple of host values, a list or
 ``itertools.repeat`` of them, None for void, or (for ``PyObject`` types) the user's own object."""
+
+BlockLike: TypeAlias = Any
+"""Anything ``convert_to_block`` takes: a block, a layer, a function, an array, or a dict, tuple
+or list of block-likes."""
+
+HostWalk: TypeAlias = "Generator[tuple[Step, HostValue, PyObject], HostValue, HostValue]"
+"""A composite block's host walk (``Block._host``): it yields ``(child, input, label)``, gets the
+child's output back, and returns its own output."""
 
 
 class ExampleLimits(NamedTuple):

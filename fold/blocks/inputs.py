@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import DTypeLike
 
 from fold.blocks.base import Block, Repeat, run_leaf, unify
-from fold.blocks.host import EmitContext, HostContext
+from fold.blocks.host import BlockLike, ConstValue, EmitContext, HostContext, HostValue, HostWalk
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -24,6 +24,7 @@ from fold.blocks.types import (
     TensorType,
     TupleType,
     Type,
+    TypeLike,
     VoidType,
     convert_to_type,
     dtype_kind,
@@ -31,6 +32,7 @@ from fold.blocks.types import (
     is_tensor_tree,
     requested_dtype,
 )
+from fold.typing import PyObject
 
 __all__ = [
     "Tensor",
@@ -47,7 +49,7 @@ __all__ = [
 ]
 
 
-def to_array(x: Any, ttype: TensorType) -> np.ndarray | np.generic:
+def to_array(x: PyObject, ttype: TensorType) -> np.ndarray | np.generic:
     """Converts a host value to an array of ``ttype``, with errors of their natural type."""
     if ttype.shape == () and type(x) in (int, float):
         return _scalar(x, ttype)
@@ -106,7 +108,7 @@ def _largest(name: str) -> float:
     return float(jnp.finfo(name).max)
 
 
-def scalar_converter(ttype: TensorType) -> Any:
+def scalar_converter(ttype: TensorType) -> Callable[[PyObject], ConstValue] | None:
     """For a scalar int or float type, ``to_array`` with a fast path for Python numbers that are
     already valid (kept as they are: constant tables become arrays in one go); else None."""
     if ttype.shape != ():
@@ -115,14 +117,14 @@ def scalar_converter(ttype: TensorType) -> Any:
     if kind in "iu":
         low, high = _int_bounds(target)
 
-        def convert_int(x: Any) -> Any:
+        def convert_int(x: PyObject) -> ConstValue:
             return x if type(x) is int and low <= x <= high else to_array(x, ttype)
 
         return convert_int
     if kind == "f":
         largest = _largest(ttype.dtype)
 
-        def convert_float(x: Any) -> Any:
+        def convert_float(x: PyObject) -> ConstValue:
             # Kept as they are only if the table's cast cannot overflow (NaN goes the slow way too).
             return x if type(x) is float and -largest <= x <= largest else to_array(x, ttype)
 
@@ -135,7 +137,7 @@ def _scalar(x: int | float, ttype: TensorType) -> np.ndarray | np.generic:
     target, kind = _np_dtype(ttype.dtype), _kind(ttype.dtype)
     if kind == "f":
         with np.errstate(over="ignore", invalid="ignore"):
-            value = target.type(x)
+            value: np.generic = target.type(x)
         if not math.isfinite(value) and math.isfinite(x):
             raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {_largest(ttype.dtype):g})")
         return value
@@ -145,7 +147,8 @@ def _scalar(x: int | float, ttype: TensorType) -> np.ndarray | np.generic:
         low, high = _int_bounds(target)
         if not low <= x <= high:
             raise ValueError(f"value {x!r} does not fit in {ttype.dtype}")
-        return target.type(int(x))
+        fitting: np.generic = target.type(int(x))
+        return fitting
     if kind == "b":
         raise ValueError(f"expected booleans for {ttype}, got {x!r}")
     return np.asarray(x).astype(target)[()]
@@ -162,7 +165,7 @@ class Tensor(Block):
 
     _leaf = True
 
-    def __init__(self, shape: Any, dtype: Any = "float32", name: str | None = None):
+    def __init__(self, shape: Iterable[int], dtype: DTypeLike = "float32", name: str | None = None):
         self._ttype = TensorType(shape, requested_dtype(dtype, "Tensor"))
         self._convert = scalar_converter(self._ttype) or functools.partial(to_array, ttype=self._ttype)
         super().__init__(name, PyObjectType(), self._ttype)
@@ -175,19 +178,19 @@ class Tensor(Block):
             kind = "Vector"
         return f"{kind}({self._name!r})" if self._name else kind
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> int:
         return ctx.const(self._ttype, self._convert(x))
 
     def _emit(self, em: EmitContext, x: str) -> str:
         return em.const(self._ttype, f"{em.bind(self._convert, 'convert')}({x})")
 
 
-def Scalar(dtype: Any = "float32", name: str | None = None) -> Tensor:
+def Scalar(dtype: DTypeLike = "float32", name: str | None = None) -> Tensor:
     """Converts its input to a scalar tensor."""
     return Tensor((), dtype, name)
 
 
-def Vector(size: int, dtype: Any = "float32", name: str | None = None) -> Tensor:
+def Vector(size: int, dtype: DTypeLike = "float32", name: str | None = None) -> Tensor:
     """Converts its input to a vector of ``size`` elements."""
     return Tensor((size,), dtype, name)
 
@@ -211,7 +214,7 @@ class FromTensor(Block):
 
     _leaf = True
 
-    def __init__(self, tensor: Any, name: str | None = None):
+    def __init__(self, tensor: object, name: str | None = None):
         if not isinstance(tensor, (np.ndarray, np.generic, jax.Array)):
             # As in Fold: a Python number or list has no dtype of its own to keep.
             raise TypeError(f"FromTensor needs a NumPy or JAX array, got {type(tensor).__name__} {tensor!r}; "
@@ -236,7 +239,7 @@ class FromTensor(Block):
     def tensor(self) -> np.ndarray:
         return self._value
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> int:
         return ctx.const_shared(self, self._ttype, self._value)
 
 
@@ -245,13 +248,13 @@ class InputTransform(Block):
 
     _leaf = True
 
-    def __init__(self, py_fn: Callable[[Any], Any], name: str | None = None):
+    def __init__(self, py_fn: Callable[[PyObject], PyObject], name: str | None = None):
         if not callable(py_fn):
             raise TypeError(f"InputTransform needs a callable, got {py_fn!r}")
         self.py_fn = py_fn
         super().__init__(name, PyObjectType(), PyObjectType())
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         return self.py_fn(x)
 
 
@@ -260,7 +263,7 @@ class OneHot(Block):
 
     _leaf = True
 
-    def __init__(self, start: int, stop: int | None = None, dtype: Any = "float32", name: str | None = None):
+    def __init__(self, start: int, stop: int | None = None, dtype: DTypeLike = "float32", name: str | None = None):
         if stop is None:
             start, stop = 0, start
         if stop <= start:
@@ -269,7 +272,7 @@ class OneHot(Block):
         self._ttype = TensorType((self.stop - self.start,), requested_dtype(dtype, "OneHot"))
         super().__init__(name, PyObjectType(), self._ttype)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> int:
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
             raise TypeError(f"OneHot expects an int in [{self.start}, {self.stop}), got {x!r}")
         if not self.start <= x < self.stop:
@@ -288,12 +291,12 @@ class OneHotFromList(Block):
 
     _leaf = True
 
-    def __init__(self, elements: Iterable[Any], dtype: Any = "float32", strict: bool = True,
+    def __init__(self, elements: Iterable[Hashable], dtype: DTypeLike = "float32", strict: bool = True,
                  name: str | None = None):
         self.elements = list(elements)
         if not self.elements:
             raise ValueError("OneHotFromList needs at least one element")
-        self._index: dict = {}
+        self._index: dict[Hashable, int] = {}
         for i, e in enumerate(self.elements):
             if e in self._index:
                 raise ValueError(f"OneHotFromList: duplicate element {e!r}")
@@ -302,7 +305,7 @@ class OneHotFromList(Block):
         self._ttype = TensorType((len(self.elements),), requested_dtype(dtype, "OneHotFromList"))
         super().__init__(name, PyObjectType(), self._ttype)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> int:
         arr = np.zeros(self._ttype.shape, self._ttype.dtype)
         i = self._index.get(x)
         if i is None:
@@ -321,7 +324,7 @@ class Identity(Block):
     def _infer(self) -> None:
         unify(self, "input", self, "output")
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         return x
 
 
@@ -333,11 +336,11 @@ class Void(Block):
     def __init__(self, name: str | None = None):
         super().__init__(name, None, VoidType())
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> None:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> None:
         return None
 
 
-def zeros_value(t: Type, ctx: HostContext) -> Any:
+def zeros_value(t: Type, ctx: HostContext) -> HostValue:
     """The host value of zeros of type ``t`` (empty sequence for sequences)."""
     if isinstance(t, TensorType):
         return ctx.zeros(t)
@@ -363,7 +366,7 @@ class Zeros(Block):
 
     _leaf = True
 
-    def __init__(self, output_type: Any, name: str | None = None):
+    def __init__(self, output_type: TypeLike, name: str | None = None):
         t = convert_to_type(output_type)
         _check_zeroable(t)
         super().__init__(name, None, t)
@@ -371,7 +374,7 @@ class Zeros(Block):
         # Values made of tensor ids and tuples are immutable: share one per batch.
         self._shareable = is_tensor_tree(t)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         if not self._shareable:
             return zeros_value(self._zeros_type, ctx)
         cached = ctx.block_cache.get(self)
@@ -386,7 +389,7 @@ class Optional(Block):
     ``none_case`` gets a void input.
     """
 
-    def __init__(self, some_case: Any, none_case: Any = None, name: str | None = None):
+    def __init__(self, some_case: BlockLike, none_case: BlockLike = None, name: str | None = None):
         super().__init__(name, PyObjectType())
         self.some_case = self._adopt(some_case)
         self.none_case = None if none_case is None else self._adopt(none_case)
@@ -407,8 +410,9 @@ class Optional(Block):
         for case in self.children():
             unify(self, "output", case, "output")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         if x is None:
+            assert self.none_case is not None  # made by _infer, which every compiled model ran
             return (yield self.none_case, None, "Optional[None]")
         some = self.some_case
         return run_leaf(some, x, ctx) if some._leaf else (yield some, x, None)

@@ -11,7 +11,7 @@ Examples:
     ...         return {"s": jax.numpy.ones(input_type.shape, input_type.dtype)}
     ...     def apply(self, params, x):
     ...         return params["s"] * x
-    >>> model = fd.Vector(2) >> Scale()
+    >>> model = fd.Vector(2) >> Scale(name="scale")
     >>> fd.Compiler.create(model).init(jax.random.key(0))["scale"]["s"].shape
     (2,)
 """
@@ -20,15 +20,32 @@ from __future__ import annotations
 
 import abc
 import inspect
+import itertools
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import DTypeLike
 
 from fold.blocks.types import TensorType, TupleType, Type, dtype_kind, requested_dtype
+from fold.typing import Params, PyTree, UserModule
+
+if TYPE_CHECKING:
+    from fold.blocks.base import Block
+    from fold.blocks.host import BlockLike
+
+Initializer = Callable[..., jax.Array]
+"""A JAX-style initializer: ``init(key, shape, dtype) -> array`` (``jax.nn.initializers``)."""
+
+Activation = Callable[[jax.Array], jax.Array]
+"""An element-wise function of a batch of vectors (``jax.nn.relu``)."""
+
+Weights = dict[str, jax.Array]
+"""A built-in layer's parameters: its arrays by name (``w``, ``b``, ``table``, ...)."""
 
 __all__ = ["Layer", "FC", "Embedding", "Dropout", "snake_case", "takes_key", "vector_size"]
 
@@ -39,7 +56,7 @@ def snake_case(name: str) -> str:
     return s.lower()
 
 
-def takes_key(apply: Callable) -> bool:
+def takes_key(apply: Callable[..., object]) -> bool:
     """Whether ``apply`` has a ``key`` parameter that can be passed as ``key=`` beside the inputs:
     keyword-only, or with a default (a positional ``key`` without one is an input, such as an
     attention layer's keys)."""
@@ -52,12 +69,47 @@ def takes_key(apply: Callable) -> bool:
                                    param.default is not inspect.Parameter.empty))
 
 
+class _Names:
+    """Default layer names: per class, ``fc``, ``fc_1``, ... in the order layers are made in this
+    process, skipping names passed explicitly before (a lock: layers may be made on threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[str, itertools.count[int]] = {}
+        self._taken: set[str] = set()
+
+    def take(self, name: str) -> str:
+        with self._lock:
+            self._taken.add(name)
+        return name
+
+    def default(self, cls: type) -> str:
+        base = snake_case(cls.__name__)
+        with self._lock:
+            counter = self._counters.setdefault(base, itertools.count())
+            while True:
+                k = next(counter)
+                name = f"{base}_{k}" if k else base
+                if name not in self._taken:
+                    self._taken.add(name)
+                    return name
+
+
+_names = _Names()
+
+
 class Layer(abc.ABC):
     """Base class of layers; subclass it and define ``init`` and ``apply``.
 
-    Pass ``name=`` to fix the layer's key in ``params``; otherwise the first
-    ``Compiler.create`` that sees the layer names it from its class
-    (``fc``, ``fc_1``, ...), and the name sticks to the layer object.
+    Pass ``name=`` to fix the layer's key in ``params``; otherwise the layer
+    is named when it is made (as in Fold), from its class, numbered in the
+    order the process makes them (``fc``, ``fc_1``, ...; a name passed
+    before is skipped): a script that builds its model the same way gets
+    the same names on every run, and two unnamed layers differ before any
+    compile. A layer's initial values do not depend on that number (see
+    ``Compiler.init``). Two layers with one name in a model are an error;
+    name the layers whose parameters a checkpoint or an optimizer's labels
+    must find by name.
     ``trainable=False`` keeps the parameters in ``params`` with a zero
     gradient.
 
@@ -80,32 +132,33 @@ class Layer(abc.ABC):
     def __init__(self, name: str | None = None, trainable: bool = True):
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"a layer name must be a non-empty string, got {name!r}")
-        self._name = name
+        self._name = _names.take(name) if name is not None else _names.default(type(self))
+        self._named = name is not None
         self.trainable = trainable
 
     @property
-    def name(self) -> str | None:
-        """The key of this layer's parameters (None until named by a compiler)."""
+    def name(self) -> str:
+        """The key of this layer's parameters: the ``name`` given, else its class's (see above)."""
         return self._name
 
-    def name_if_unnamed(self, name: str) -> None:
-        """Gives an unnamed layer ``name`` (compilers name layers that have no name); a named
-        layer keeps its own."""
-        if self._name is None:
-            self._name = name
+    @property
+    def has_default_name(self) -> bool:
+        """Whether the layer was made without ``name=`` (its name counts the layers made before)."""
+        return not self._named
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._name!r})" if self._name else type(self).__name__
+        # As constructed: a default name is not part of how the layer was written.
+        return f"{type(self).__name__}({self._name!r})" if self._named else type(self).__name__
 
     @abc.abstractmethod
-    def init(self, key: jax.Array, input_type: Type) -> Any:
+    def init(self, key: jax.Array, input_type: Type) -> PyTree:
         """Returns the parameters (a pytree) for inputs of ``input_type``."""
 
     @abc.abstractmethod
-    def apply(self, params: Any, *inputs: Any) -> Any:
+    def apply(self, params: PyTree, *inputs: PyTree) -> PyTree:
         """Runs the layer on batched inputs (a top-level tuple input is unpacked)."""
 
-    def _apply_keyed(self, params: Any, *inputs: Any, key: jax.Array | None) -> Any:
+    def _apply_keyed(self, params: PyTree, *inputs: PyTree, key: jax.Array | None) -> PyTree:
         """``apply``, passing ``key`` only to stochastic layers."""
         stochastic = takes_key(type(self).apply) if self.stochastic is None else self.stochastic
         return self.apply(params, *inputs, key=key) if stochastic else self.apply(params, *inputs)  # type: ignore[call-arg]
@@ -119,7 +172,7 @@ class Layer(abc.ABC):
         """
 
     @staticmethod
-    def from_pure(init: Callable[[jax.Array, Type], Any], apply: Callable[..., Any], name: str | None = None,
+    def from_pure(init: Callable[[jax.Array, Type], PyTree], apply: Callable[..., PyTree], name: str | None = None,
                   trainable: bool = True) -> Layer:
         """A layer from ``init(key, input_type) -> params`` and ``apply(params, *inputs)`` on
         batched inputs (see ``fold/blocks/adapters.py``)."""
@@ -128,7 +181,7 @@ class Layer(abc.ABC):
         return PureLayer(init, apply, name, trainable)
 
     @staticmethod
-    def from_equinox(module: Any, name: str | None = None, trainable: bool = True) -> Layer:
+    def from_equinox(module: UserModule, name: str | None = None, trainable: bool = True) -> Layer:
         """A layer running an Equinox module on each row; its floating-point arrays are the
         parameters (needs ``equinox``; see ``fold/blocks/adapters.py``).
 
@@ -142,9 +195,9 @@ class Layer(abc.ABC):
         return EquinoxLayer(module, name, trainable)
 
     @staticmethod
-    def from_flax(module: Any, name: str | None = None, trainable: bool = True, *, rngs: Sequence[str] = (),
-                  train_kwargs: Mapping[str, Any] | None = None,
-                  eval_kwargs: Mapping[str, Any] | None = None) -> Layer:
+    def from_flax(module: UserModule, name: str | None = None, trainable: bool = True, *, rngs: Sequence[str] = (),
+                  train_kwargs: Mapping[str, object] | None = None,
+                  eval_kwargs: Mapping[str, object] | None = None) -> Layer:
         """A layer running a Flax module (NNX or Linen) on the batch; an NNX module's
         ``nnx.Param``s, or a Linen module's variables from its ``init``, are the parameters
         (needs ``flax``; see ``fold/blocks/adapters.py``).
@@ -166,18 +219,19 @@ class Layer(abc.ABC):
 
         return flax_layer(module, name, trainable, rngs, train_kwargs, eval_kwargs)
 
-    def __rshift__(self, other: Any) -> Any:
+    def __rshift__(self, other: BlockLike) -> Block:
+        from fold.blocks.plumbing import Pipe
         from fold.blocks.tensors import Function
 
-        return Function(self) >> other
+        return Pipe(Function(self), other)
 
-    def __rrshift__(self, other: Any) -> Any:
+    def __rrshift__(self, other: BlockLike) -> Block:
         from fold.blocks.plumbing import Pipe
         from fold.blocks.tensors import Function
 
         return Pipe(other, Function(self))
 
-    def reads(self, *sources: Any) -> Any:
+    def reads(self, *sources: BlockLike) -> Block:
         """``Function(self).reads(*sources)``: a layer wires into a ``Composition`` as it pipes with ``>>``
         (every use of one layer object shares its parameters)."""
         from fold.blocks.tensors import Function
@@ -221,9 +275,9 @@ class FC(Layer):
         (3, (2, 3), (3,))
     """
 
-    def __init__(self, num_units_out: int, activation: Callable | str | None = "relu",
-                 initializer: Callable | None = None, input_keep_prob: float | None = None,
-                 output_keep_prob: float | None = None, normalization_fn: Callable | None = None,
+    def __init__(self, num_units_out: int, activation: Activation | str | None = "relu",
+                 initializer: Initializer | None = None, input_keep_prob: float | None = None,
+                 output_keep_prob: float | None = None, normalization_fn: Activation | None = None,
                  name: str | None = None):
         super().__init__(name)
         if int(num_units_out) <= 0:
@@ -243,27 +297,29 @@ class FC(Layer):
         """The number of output units."""
         return self.num_units_out
 
-    def weights(self, params: dict) -> jax.Array:
+    def weights(self, params: Weights) -> jax.Array:
         """This layer's weight matrix ``w`` in ``params`` (from ``compiler.init``)."""
-        return params[self._params_name()]["w"]
+        return self._own(params)["w"]
 
-    def bias(self, params: dict) -> jax.Array:
+    def bias(self, params: Weights) -> jax.Array:
         """This layer's bias ``b`` in ``params`` (from ``compiler.init``)."""
-        return params[self._params_name()]["b"]
+        return self._own(params)["b"]
 
-    def _params_name(self) -> str:
-        if self.name is None:
-            raise ValueError(f"{self!r} has no name yet: pass name= or compile a model that uses it first")
-        return self.name
+    def _own(self, params: Params) -> Weights:
+        if self.name not in params:
+            raise KeyError(f"params has no entry {self.name!r} for this {type(self).__name__}: make them with the "
+                           "compiler of a model that uses it")
+        weights: Weights = params[self.name]
+        return weights
 
-    def init(self, key: jax.Array, input_type: Type) -> dict:
+    def init(self, key: jax.Array, input_type: Type) -> Weights:
         size, dtype = vector_size(self, input_type)
         return {
             "w": self.initializer(key, (size, self.num_units_out), dtype),
             "b": jnp.zeros((self.num_units_out,), dtype),
         }
 
-    def apply(self, params: dict, *inputs: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    def apply(self, params: Weights, *inputs: jax.Array, key: jax.Array | None = None) -> jax.Array:
         x = inputs[0] if len(inputs) == 1 else jnp.concatenate(inputs, axis=-1)
         keys = (None, None) if key is None else jax.random.split(key)
         x = dropout(keys[0], self.input_drop, x)
@@ -274,14 +330,14 @@ class FC(Layer):
         return dropout(keys[1], self.output_drop, y)
 
 
-def _activation(layer: Layer, activation: Callable | str | None) -> Callable | None:
+def _activation(layer: Layer, activation: Activation | str | None) -> Activation | None:
     """``activation``, a string naming a function of ``jax.nn`` resolved."""
     if activation is None or (callable(activation) and not isinstance(activation, str)):
         return activation
     if not isinstance(activation, str):
         raise TypeError(f"{type(layer).__name__}'s activation must be a callable, a jax.nn name or None, "
                         f"got {activation!r}")
-    fn = getattr(jax.nn, activation, None)
+    fn: Activation | None = getattr(jax.nn, activation, None)
     if not callable(fn) or activation.startswith("_") or activation == "initializers":
         raise ValueError(f"{type(layer).__name__}: jax.nn has no activation {activation!r} "
                          "(e.g. 'relu', 'tanh', 'sigmoid', 'gelu', 'softplus')")
@@ -308,9 +364,9 @@ class Embedding(Layer):
     deviation 1/sqrt(num_units_out). ``dtype`` is the table's dtype.
     """
 
-    def __init__(self, num_buckets: int, num_units_out: int, initializer: Any = None,
+    def __init__(self, num_buckets: int, num_units_out: int, initializer: Initializer | np.ndarray | None = None,
                  trainable: bool = True, mod_inputs: bool = True, name: str | None = None,
-                 dtype: Any = "float32"):
+                 dtype: DTypeLike = "float32"):
         super().__init__(name, trainable)
         self.dtype = requested_dtype(dtype, "Embedding")
         self.num_buckets = int(num_buckets)
@@ -330,7 +386,7 @@ class Embedding(Layer):
             initializer = None
         self.initializer = initializer or jax.nn.initializers.normal(1.0 / np.sqrt(self.num_units_out))
 
-    def init(self, key: jax.Array, input_type: Type) -> dict:
+    def init(self, key: jax.Array, input_type: Type) -> Weights:
         if not isinstance(input_type, TensorType) or input_type.shape != () or \
                 dtype_kind(input_type.dtype) not in "iu":
             raise TypeError(f"{self!r} takes scalar integer ids, not {input_type}")
@@ -338,7 +394,7 @@ class Embedding(Layer):
             return {"table": jnp.asarray(self._table, dtype=self.dtype)}
         return {"table": self.initializer(key, (self.num_buckets, self.num_units_out), self.dtype)}
 
-    def apply(self, params: dict, ids: jax.Array) -> jax.Array:
+    def apply(self, params: Weights, ids: jax.Array) -> jax.Array:
         ids = ids.astype(jnp.int32)
         if self.mod_inputs:
             ids = jnp.remainder(ids, self.num_buckets)
@@ -360,7 +416,7 @@ def dropout(key: jax.Array | None, rate: float, x: jax.Array) -> jax.Array:
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
 
 
-def check_rate(layer: Any, rate: float) -> float:
+def check_rate(layer: object, rate: float) -> float:
     """``rate`` as a float in [0, 1), or a ValueError naming ``layer``."""
     rate = float(rate)
     if not 0.0 <= rate < 1.0:
@@ -394,10 +450,10 @@ class Dropout(Layer):
         super().__init__(name)
         self.rate = check_rate(self, rate)
 
-    def init(self, key: jax.Array, input_type: Type) -> dict:
+    def init(self, key: jax.Array, input_type: Type) -> Weights:
         if not isinstance(input_type, TensorType) or dtype_kind(input_type.dtype) != "f":
             raise TypeError(f"{self!r} takes one float tensor, not {input_type}")
         return {}
 
-    def apply(self, params: dict, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    def apply(self, params: Weights, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
         return dropout(key, self.rate, x)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Hashable
 
 from fold.blocks.base import Block, is_block_like, run_leaf, set_child, unify
-from fold.blocks.host import EmitContext, HostContext
+from fold.blocks.host import BlockLike, EmitContext, HostContext, HostValue, HostWalk
 from fold.blocks.types import (
     BroadcastSequenceType,
     PyObjectType,
@@ -24,12 +24,12 @@ from fold.blocks.types import (
 __all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
 
 
-def _short(x: Any, limit: int = 60) -> str:
+def _short(x: object, limit: int = 60) -> str:
     r = repr(x)
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-def _attribute_hint(x: Any, key: Any) -> str:
+def _attribute_hint(x: object, key: Hashable) -> str:
     """A hint for reading ``key`` of ``x`` by subscript where ``x`` has it as an attribute (a
     dataclass, a namedtuple, an object): Fold's blocks read items, as ``x[key]``."""
     if not isinstance(key, str) or not hasattr(x, key):
@@ -50,7 +50,7 @@ class Pipe(Block):
         6.0
     """
 
-    def __init__(self, *blocks: Any, name: str | None = None):
+    def __init__(self, *blocks: BlockLike, name: str | None = None):
         if not blocks:
             from fold.blocks.inputs import Identity
 
@@ -64,7 +64,7 @@ class Pipe(Block):
     def children(self) -> list[Block]:
         return list(self._blocks)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         for b in ctx.steps(self):
             x = run_leaf(b, x, ctx)
         return x
@@ -76,7 +76,7 @@ class Pipe(Block):
             unify(a, "output", b, "input")
         unify(blocks[-1], "output", self, "output")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         for b in ctx.steps(self):
             x = run_leaf(b, x, ctx) if b._leaf else (yield b, x, None)
         return x
@@ -87,11 +87,11 @@ class Pipe(Block):
         return x
 
 
-def _is_key(k: Any) -> bool:
+def _is_key(k: object) -> bool:
     return isinstance(k, (int, str, slice)) and not isinstance(k, bool)
 
 
-def _record_fields(named_children: Any) -> list[tuple[Any, Any]]:
+def _record_fields(named_children: BlockLike) -> list[tuple[Hashable, BlockLike]]:
     if isinstance(named_children, OrderedDict):
         return list(named_children.items())
     if isinstance(named_children, dict):
@@ -121,7 +121,7 @@ class Record(Block):
     ints or slices.
     """
 
-    def __init__(self, named_children: Any, name: str | None = None):
+    def __init__(self, named_children: BlockLike, name: str | None = None):
         super().__init__(name)
         self._plain_dict = isinstance(named_children, dict) and not isinstance(named_children, OrderedDict)
         self._fields = [(k, self._adopt(b)) for k, b in _record_fields(named_children)]
@@ -129,13 +129,13 @@ class Record(Block):
         self._labels = [(f"{type(self).__name__}[{{!r}}]", k) for k, _ in self._fields]
 
     @property
-    def keys(self) -> list[Any]:
+    def keys(self) -> list[Hashable]:
         return [k for k, _ in self._fields]
 
     def children(self) -> list[Block]:
         return [b for _, b in self._fields]
 
-    def __getitem__(self, key: Any) -> Block:
+    def __getitem__(self, key: Hashable) -> Block:
         """The output of the field ``key`` (a key of the record, as in Fold), else item ``key`` of the
         output tuple."""
         keys = self.keys
@@ -158,6 +158,7 @@ class Record(Block):
             if isinstance(t, PyObjectType):
                 set_child(self, t, b, "input", f"field {k!r}")
             elif isinstance(t, TupleType):
+                assert isinstance(k, (int, slice))  # _check_input: a tuple's record has int or slice keys
                 set_child(self, t[k], b, "input", f"field {k!r}")
         outs = [b.output_type for _, b in fields]
         if all(o is not None for o in outs):
@@ -166,7 +167,7 @@ class Record(Block):
             for (k, b), o in zip(fields, self.output_type):
                 set_child(self, o, b, "output", f"field {k!r}")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         out = []
         for (k, b), label in zip(self._fields, self._labels):
             try:
@@ -188,7 +189,7 @@ class Record(Block):
 class AllOf(Block):
     """Runs every block on the same input: ``AllOf(a, b)(x) == (a(x), b(x))``."""
 
-    def __init__(self, *blocks: Any, name: str | None = None):
+    def __init__(self, *blocks: BlockLike, name: str | None = None):
         super().__init__(name)
         self._blocks = [self._adopt(b) for b in blocks]
         if not self._blocks:
@@ -207,7 +208,7 @@ class AllOf(Block):
         if all(o is not None for o in outs):
             set_child(self, TupleType(*outs), self, "output", "output")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         if not self._blocks:
             return None
         out = []
@@ -221,7 +222,7 @@ class AllOf(Block):
         return em.tuple([em.emit(b, x) for b in self._blocks])
 
 
-def _item_type(owner: Block, t: Type, key: Any) -> Type | None:
+def _item_type(owner: Block, t: Type, key: Hashable) -> Type | None:
     if isinstance(t, PyObjectType):
         return t
     if isinstance(t, TupleType):
@@ -243,7 +244,7 @@ class GetItem(Block):
 
     _leaf = True
 
-    def __init__(self, key: Any, name: str | None = None):
+    def __init__(self, key: Hashable, name: str | None = None):
         self.key = key
         super().__init__(name)
 
@@ -259,7 +260,7 @@ class GetItem(Block):
             if out is not None:
                 unify_type(self, out)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         try:
             return x[self.key]
         except (KeyError, IndexError):
@@ -291,7 +292,7 @@ class Slice(Block):
 
     _leaf = True
 
-    def __init__(self, *args: Any, start: int | None = None, stop: int | None = None,
+    def __init__(self, *args: object, start: int | None = None, stop: int | None = None,
                  step: int | None = None, name: str | None = None):
         if args:
             raise TypeError("Slice takes keyword arguments only: Slice(start=, stop=, step=)")
@@ -314,7 +315,7 @@ class Slice(Block):
         if t is not None:
             unify_type(self, t[self.key] if isinstance(t, TupleType) else t)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         try:
             return x[self.key]
         except TypeError as e:

@@ -16,18 +16,22 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 from fold.blocks.inputs import InputTransform
+from fold.typing import PyObject
 
 __all__ = ["ProtoMessageToTree", "SerializedMessageToTree", "message_to_tree"]
 
+Proto: TypeAlias = Any
+"""A protocol buffer message, message class or field descriptor (``google.protobuf``, optional)."""
 
-def message_to_tree(message: Any) -> dict:
+
+def message_to_tree(message: Proto) -> dict[str, PyObject]:
     """The fields of a protocol buffer ``message`` as nested dicts and lists (see the module)."""
     if not hasattr(message, "DESCRIPTOR") or not hasattr(message, "ListFields"):
         raise TypeError(f"expected a protocol buffer message, got {type(message).__name__}")
-    out: dict[str, Any] = {}
+    out: dict[str, PyObject] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
@@ -42,13 +46,13 @@ def message_to_tree(message: Any) -> dict:
     return out
 
 
-def _repeated(field: Any) -> bool:
+def _repeated(field: Proto) -> bool:
     # ``is_repeated`` in newer protobuf releases, where ``label`` is gone; ``label`` in older ones.
     flag = getattr(field, "is_repeated", None)
     return bool(flag) if flag is not None else field.label == field.LABEL_REPEATED
 
 
-def _value(field: Any, value: Any) -> Any:
+def _value(field: Proto, value: PyObject) -> PyObject:
     if field.message_type is not None:
         return message_to_tree(value)
     if field.enum_type is not None:
@@ -74,7 +78,7 @@ class SerializedMessageToTree(InputTransform):
     default symbol database knows it (import the generated ``_pb2`` module first).
     """
 
-    def __init__(self, message_type: Any, name: str | None = None):
+    def __init__(self, message_type: Proto | str, name: str | None = None):
         if isinstance(message_type, str):
             from google.protobuf import symbol_database
 

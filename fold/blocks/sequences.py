@@ -7,14 +7,14 @@ PyObject that is iterable (each element a PyObject).
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import DTypeLike
 
 from fold.blocks.base import Block, Repeat, run_leaf, set_child, unify
-from fold.blocks.host import EmitContext, HostContext
+from fold.blocks.host import BlockLike, EmitContext, HostContext, HostValue, HostWalk
 from fold.blocks.inputs import Identity, Zeros, to_array
 from fold.blocks.layers import Layer
 from fold.blocks.plumbing import AllOf, Pipe
@@ -50,7 +50,7 @@ def _element_type(block: Block, t: Type) -> Type:
     raise TypeError(f"{block!r} takes a sequence or a non-empty tuple, not {t}")
 
 
-def _as_list(block: Block, x: Any, ctx: HostContext) -> list:
+def _as_list(block: Block, x: HostValue, ctx: HostContext) -> list[HostValue]:
     if isinstance(x, list):
         return x
     if isinstance(x, Repeat):
@@ -96,7 +96,7 @@ class Map(Block):
         [1.0, 2.0]
     """
 
-    def __init__(self, elem_block: Any, name: str | None = None):
+    def __init__(self, elem_block: BlockLike, name: str | None = None):
         super().__init__(name)
         self.element_block = self._adopt(elem_block)
 
@@ -127,7 +127,7 @@ class Map(Block):
         elif isinstance(self.output_type, SequenceType):
             set_child(self, self.output_type.element_type, elem, "output", "elements")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         if isinstance(x, Repeat):
             return Repeat((yield self.element_block, x.value, "Map[*]"))
         out = []
@@ -157,7 +157,7 @@ class Fold(Block):
     ``(accumulator, element)``. Over n elements the depth is n.
     """
 
-    def __init__(self, combine_block: Any, start_block: Any, name: str | None = None):
+    def __init__(self, combine_block: BlockLike, start_block: BlockLike, name: str | None = None):
         super().__init__(name)
         self.combine_block = self._adopt(combine_block)
         self.start_block = self._adopt(start_block)
@@ -177,7 +177,7 @@ class Fold(Block):
             set_child(self, TupleType(acc, _element_type(self, self.input_type)), self.combine_block,
                        "input", "(accumulator, element)")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         xs = _as_list(self, x, ctx)
         acc = yield self.start_block, None, "Fold[start]"
         for i, v in enumerate(xs):
@@ -208,7 +208,7 @@ class RNN(Block):
     ``initial_state`` (a block or array) or zeros of the cell's state type.
     """
 
-    def __init__(self, cell: Any, initial_state: Any = None, initial_state_from_input: bool = False,
+    def __init__(self, cell: BlockLike, initial_state: BlockLike = None, initial_state_from_input: bool = False,
                  name: str | None = None):
         if initial_state_from_input and initial_state is not None:
             raise ValueError("RNN: pass initial_state or initial_state_from_input=True, not both")
@@ -267,13 +267,14 @@ class RNN(Block):
                 raise type_error(self.cell, out[1], self, state, "returns state of type", "state type")
             set_child(self, TupleType(SequenceType(out[0]), out[1]), self, "output", "output")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         if self.from_input:
             if not isinstance(x, tuple) or len(x) != 2:
                 raise TypeError(f"{self!r} expected (sequence, state), got {x!r}")
             seq, state = x
         else:
             seq = x
+            assert self.initial_state is not None  # without one, the state comes from the input
             state = yield self.initial_state, None, "RNN[initial_state]"
         outs = []
         for i, v in enumerate(_as_list(self, seq, ctx)):
@@ -289,7 +290,7 @@ class Reduce(Block):
     an empty sequence gives ``default_block`` (zeros if None).
     """
 
-    def __init__(self, combine_block: Any, default_block: Any = None, name: str | None = None):
+    def __init__(self, combine_block: BlockLike, default_block: BlockLike = None, name: str | None = None):
         super().__init__(name)
         self.combine_block = self._adopt(combine_block)
         self.default_block = None if default_block is None else self._adopt(default_block)
@@ -315,7 +316,7 @@ class Reduce(Block):
                 _void_input(self, self.default_block)
             unify(self.default_block, "output", self, "output")
 
-    def _reduce(self, xs: list):
+    def _reduce(self, xs: list[HostValue]) -> HostWalk:
         if len(xs) == 1:
             return xs[0]
         half = len(xs) // 2
@@ -323,9 +324,10 @@ class Reduce(Block):
         right = yield from self._reduce(xs[half:])
         return (yield self.combine_block, (left, right), "Reduce")
 
-    def _host(self, x: Any, ctx: HostContext):
+    def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         xs = _as_list(self, x, ctx)
         if not xs:
+            assert self.default_block is not None  # made by _infer, which every compiled model ran
             return (yield self.default_block, None, "Reduce[default]")
         return (yield from self._reduce(xs))
 
@@ -361,7 +363,7 @@ class Max(Reduce):
         super().__init__(Function(jnp.maximum), name=name)
 
 
-def _mean(total: Any, count: Any) -> Any:
+def _mean(total: jax.Array, count: jax.Array) -> jax.Array:
     count = jnp.maximum(count, 1).astype(total.dtype)
     return total / count.reshape(count.shape + (1,) * (total.ndim - 1))
 
@@ -373,7 +375,7 @@ class Mean(Pipe):
         super().__init__(AllOf(Sum(), Length()), Function(_mean), name=name)
 
 
-def _exp_minus(x: Any, m: Any) -> Any:
+def _exp_minus(x: jax.Array, m: jax.Array) -> jax.Array:
     return jnp.exp(x - m)
 
 
@@ -405,7 +407,7 @@ class Broadcast(Block):
         elif isinstance(self.output_type, BroadcastSequenceType):
             self.set_input_type(self.output_type.element_type)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Repeat:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> Repeat:
         return Repeat(x)
 
 
@@ -432,7 +434,7 @@ class Zip(Block):
         elif isinstance(t, PyObjectType):
             set_child(self, t, self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> list | Repeat:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> list[HostValue] | Repeat:
         if not isinstance(x, (tuple, list)):
             raise TypeError(f"{self!r} expected a tuple of sequences, got {type(x).__name__}")
         seqs = [s if isinstance(s, Repeat) else _as_list(self, s, ctx) for s in x]
@@ -442,7 +444,7 @@ class Zip(Block):
         return [tuple(s.value if isinstance(s, Repeat) else s[i] for s in seqs) for i in range(min(lengths))]
 
 
-def ZipWith(elem_block: Any, name: str | None = None) -> Pipe:
+def ZipWith(elem_block: BlockLike, name: str | None = None) -> Pipe:
     """``Zip() >> Map(elem_block)``."""
     return Pipe(Zip(), Map(elem_block), name=name)
 
@@ -468,7 +470,7 @@ class NGrams(Block):
             kind = BroadcastSequenceType if isinstance(self.input_type, BroadcastSequenceType) else SequenceType
             set_child(self, kind(TupleType(*[elem] * self.n)), self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         if isinstance(x, Repeat):
             return Repeat(tuple([x.value] * self.n))
         xs = _as_list(self, x, ctx)
@@ -491,7 +493,7 @@ class Nth(Block):
         if isinstance(self.input_type, TupleType):
             set_child(self, _element_type(self, self.input_type[0]), self, "output", "output")
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         seq, n = x
         xs = _as_list(self, seq, ctx)
         if isinstance(n, bool) or not isinstance(n, int):
@@ -506,7 +508,7 @@ class Length(Block):
 
     _leaf = True
 
-    def __init__(self, dtype: Any = "float32", name: str | None = None):
+    def __init__(self, dtype: DTypeLike = "float32", name: str | None = None):
         self._ttype = TensorType((), requested_dtype(dtype, "Length"))
         super().__init__(name, None, self._ttype)
 
@@ -515,7 +517,7 @@ class Length(Block):
             return
         _finite(self, t)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> int:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> int:
         n = len(x) if isinstance(x, (list, tuple)) else len(_as_list(self, x, ctx))
         return ctx.const(self._ttype, to_array(n, self._ttype))
 

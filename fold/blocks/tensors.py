@@ -6,8 +6,8 @@ its calls at the same depth of a batch's schedule run as one batched call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeAlias, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -15,12 +15,21 @@ import numpy as np
 
 from fold.blocks.adapters import holds_arrays
 from fold.blocks.base import Block
-from fold.blocks.host import EmitContext, HostContext
+from fold.blocks.host import EmitContext, HostContext, HostValue
 from fold.blocks.layers import Layer
 from fold.blocks.types import TensorType, TupleType, Type, VoidType
 from fold.errors import ExplainedTypeError
+from fold.typing import PyTree
 
 __all__ = ["Function", "Concat", "OpSpec", "flatten_value", "unflatten_value"]
+
+T = TypeVar("T")
+
+Nested: TypeAlias = T | tuple["Nested[T]", ...] | None
+"""Leaves of one kind in the nesting of a type made of tensors, tuples and voids."""
+
+OpFn: TypeAlias = Callable[..., list[jax.Array]]
+"""An operation's batched function: ``fn(layer params or None, key or None, *flat inputs) -> flat outputs``."""
 
 # An odd batch size for shape inference, so that a function reducing over
 # the batch is caught instead of matching by accident.
@@ -40,8 +49,8 @@ class OpSpec:
     layer does not check constant inputs.
     """
 
-    def __init__(self, key: Any, label: str, in_type: Type, out_type: Type,
-                 fn: Callable[..., list], layer: Layer | None = None, layer_in_type: Type | None = None,
+    def __init__(self, key: Hashable, label: str, in_type: Type, out_type: Type,
+                 fn: OpFn, layer: Layer | None = None, layer_in_type: Type | None = None,
                  layer_first: bool = True):
         self.key = key
         self.label = label
@@ -55,7 +64,7 @@ class OpSpec:
         self.layer_first = layer_first
 
 
-def flatten_value(v: Any) -> list:
+def flatten_value(v: HostValue) -> list[int]:
     """The tensor ids of a host value made of tensors, tuples and voids, in order."""
     if isinstance(v, tuple):
         return [i for item in v for i in flatten_value(item)]
@@ -64,13 +73,14 @@ def flatten_value(v: Any) -> list:
     return [v]
 
 
-def unflatten_value(t: Type, flat: list, pos: int = 0) -> tuple[Any, int]:
+def unflatten_value(t: Type, flat: Sequence[T], pos: int = 0) -> tuple[Nested[T], int]:
     """Rebuilds a value of type ``t`` from ``flat[pos:]``; returns it and the next position."""
     if isinstance(t, TensorType):
         return flat[pos], pos + 1
     if isinstance(t, TupleType):
-        items = []
+        items: list[Nested[T]] = []
         for item in t:
+            v: Nested[T]
             v, pos = unflatten_value(item, flat, pos)
             items.append(v)
         return tuple(items), pos
@@ -79,10 +89,12 @@ def unflatten_value(t: Type, flat: list, pos: int = 0) -> tuple[Any, int]:
     raise TypeError(f"{t} is not made of tensors and tuples")
 
 
-def call_args(in_type: Type, flat: list) -> tuple:
+def call_args(in_type: Type, flat: Sequence[T]) -> tuple[Nested[T], ...]:
     """Positional arguments for a function: a top-level tuple is unpacked."""
     if isinstance(in_type, TupleType):
-        return unflatten_value(in_type, flat)[0]
+        args = unflatten_value(in_type, flat)[0]
+        assert isinstance(args, tuple)  # a tuple type's value
+        return args
     return (unflatten_value(in_type, flat)[0],)
 
 
@@ -95,7 +107,7 @@ def _check_tensor_input(block: Block, t: Type) -> None:
         raise TypeError(f"{block!r} needs at least one tensor input, got {t}")
 
 
-def result_type(block: Block, result: Any) -> Type:
+def result_type(block: Block, result: PyTree) -> Type:
     """The fold type of a batched ``jax.eval_shape`` result."""
     if isinstance(result, jax.ShapeDtypeStruct):
         if result.ndim == 0 or result.shape[0] != _PROBE_BATCH:
@@ -109,7 +121,7 @@ def result_type(block: Block, result: Any) -> Type:
     raise TypeError(f"{block!r} must return arrays or tuples of arrays, got {type(result).__name__}")
 
 
-def _probe_args(in_type: Type) -> tuple:
+def _probe_args(in_type: Type) -> tuple[Nested[jax.ShapeDtypeStruct], ...]:
     structs = [jax.ShapeDtypeStruct((_PROBE_BATCH, *t.shape), t.dtype) for t in in_type.tensor_leaves()]
     return call_args(in_type, structs)
 
@@ -130,7 +142,7 @@ class Function(Block):
 
     _leaf = True
 
-    def __init__(self, fn: Callable | Layer, name: str | None = None):
+    def __init__(self, fn: Callable[..., PyTree] | Layer, name: str | None = None):
         if not callable(fn) and not isinstance(fn, Layer):
             raise TypeError(f"Function needs a callable or a fd.Layer, got {fn!r}")
         held = None if isinstance(fn, Layer) else holds_arrays(fn)
@@ -204,7 +216,7 @@ class Function(Block):
             raise TypeError(f"{self!r} cannot be applied to input type {t}: {type(e).__name__}: {e}") from None
         return result_type(self, res)
 
-    def _function(self) -> Callable:
+    def _function(self) -> Callable[..., PyTree]:
         """The plain function this block runs (it has no layer)."""
         assert not isinstance(self.fn, Layer)
         return self.fn
@@ -216,17 +228,17 @@ class Function(Block):
         layer = self.layer
 
         if layer is not None:
-            def run(params: Any, rng: Any, *flat: Any) -> list:
+            def run(params: PyTree, rng: jax.Array | None, *flat: jax.Array) -> list[jax.Array]:
                 return jax.tree_util.tree_leaves(layer._apply_keyed(params, *call_args(in_type, list(flat)), key=rng))
             return OpSpec((layer, in_type), repr(self), in_type, out_type, run, layer)
 
         fn = self._function()
 
-        def run_fn(params: Any, rng: Any, *flat: Any) -> list:
+        def run_fn(params: PyTree, rng: jax.Array | None, *flat: jax.Array) -> list[jax.Array]:
             return jax.tree_util.tree_leaves(fn(*call_args(in_type, list(flat))))
         return OpSpec((fn, in_type), repr(self), in_type, out_type, run_fn)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         return ctx.call(self, x)
 
     def _emit(self, em: EmitContext, x: str) -> str:
@@ -242,7 +254,7 @@ class _InitNotTraceable(TypeError):
     """A layer's init cannot run on abstract values, so what the layer returns is not known from shapes."""
 
 
-def _checked_init(layer: Layer, key: Any, t: Type) -> Any:
+def _checked_init(layer: Layer, key: jax.Array, t: Type) -> PyTree:
     """``layer.init(key, t)``, refused when a leaf is not an array or a number: JAX's own error
     names only the lambda that traced it."""
     params = layer.init(key, t)
@@ -318,11 +330,11 @@ class Concat(Block):
         axis = self._axis(out_type.ndim) + 1
         scalars = [leaf.ndim == 0 for leaf in in_type.tensor_leaves()]
 
-        def run(params: Any, rng: Any, *flat: Any) -> list:
+        def run(params: PyTree, rng: jax.Array | None, *flat: jax.Array) -> list[jax.Array]:
             return [jnp.concatenate([x[:, None] if s else x for x, s in zip(flat, scalars)], axis=axis)]
         return OpSpec(("concat", axis, in_type), repr(self), in_type, out_type, run)
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         return ctx.call(self, x)
 
     def _emit(self, em: EmitContext, x: str) -> str:

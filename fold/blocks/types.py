@@ -25,11 +25,12 @@ import os
 import sys
 import types
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any, TypeAlias, TypeVar, overload
 
 import jax
 import numpy as np
+from numpy.typing import DTypeLike
 
 R = TypeVar("R")
 
@@ -48,8 +49,12 @@ __all__ = [
     "canonical_dtype",
 ]
 
+TypeLike: TypeAlias = Any
+"""Anything ``convert_to_type`` takes: a ``Type``, a shape, a dtype, or a tuple or list of
+type-likes (their shapes are checked when converted)."""
 
-def dtype_kind(dtype: Any) -> str:
+
+def dtype_kind(dtype: DTypeLike) -> str:
     """NumPy's kind letter of ``dtype`` (``"f"``, ``"i"``, ``"u"``, ``"b"``, ``"c"``, ...), with
     ``"f"`` also for the float types JAX adds to NumPy's (``bfloat16``, the ``float8`` types),
     whose NumPy kind is ``"V"``.
@@ -59,17 +64,17 @@ def dtype_kind(dtype: Any) -> str:
         ('f', 'f', 'i')
     """
     np_dtype = np.dtype(dtype)
-    return "f" if jax.dtypes.issubdtype(np_dtype, np.floating) else np_dtype.kind
+    return "f" if jax.numpy.issubdtype(np_dtype, np.floating) else np_dtype.kind
 
 
-def canonical_dtype(dtype: Any) -> str:
+def canonical_dtype(dtype: DTypeLike) -> str:
     """Returns the dtype name JAX will really use (64-bit -> 32-bit when x64 is off)."""
     try:
         np_dtype = np.dtype(dtype)
     except TypeError as e:
         raise TypeError(f"not a dtype: {dtype!r}") from e
     # Numbers and bools that JAX holds in arrays (not strings, objects or NumPy's long double).
-    numeric = np_dtype == np.bool_ or jax.dtypes.issubdtype(np_dtype, np.number)
+    numeric = np_dtype == np.bool_ or jax.numpy.issubdtype(np_dtype, np.number)
     too_wide = np_dtype.itemsize > {"f": 8, "c": 16}.get(np_dtype.kind, 8)
     if not numeric or too_wide:
         raise TypeError(f"{dtype!r} is not a dtype JAX arrays hold: use a bool, int, uint, float or complex dtype "
@@ -77,7 +82,7 @@ def canonical_dtype(dtype: Any) -> str:
     return str(jax.dtypes.canonicalize_dtype(np_dtype))
 
 
-def requested_dtype(dtype: Any, who: str) -> str:
+def requested_dtype(dtype: DTypeLike, who: str) -> str:
     """``canonical_dtype(dtype)`` for a dtype a user gave ``who`` (a block or layer name). Warns,
     as ``jnp.asarray(x, dtype)`` does, when JAX narrows it (64 bits while x64 is off): the values
     would lose precision or range without a word."""
@@ -107,7 +112,7 @@ class Type(abc.ABC):
     __slots__ = ()
 
     @abc.abstractmethod
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Hashable, ...]:
         """The structural identity used for equality and hashing."""
 
     def __eq__(self, other: object) -> bool:
@@ -126,7 +131,7 @@ class TensorType(Type):
 
     __slots__ = ("_shape", "_dtype", "_hash")
 
-    def __init__(self, shape: Any = (), dtype: Any = "float32"):
+    def __init__(self, shape: Iterable[int] = (), dtype: DTypeLike = "float32"):
         if isinstance(shape, (int, np.integer)):
             raise TypeError(f"TensorType shape must be a tuple or list of ints, got {shape!r}")
         try:
@@ -156,13 +161,13 @@ class TensorType(Type):
     def ndim(self) -> int:
         return len(self._shape)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Hashable, ...]:
         return (self._shape, self._dtype)
 
     def tensor_leaves(self) -> list[TensorType]:
         return [self]
 
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         return np.zeros(self._shape, dtype=dtype or self._dtype)
 
     def __repr__(self) -> str:
@@ -174,7 +179,7 @@ class TupleType(Type):
 
     __slots__ = ("_items",)
 
-    def __init__(self, *item_types: Any):
+    def __init__(self, *item_types: TypeLike):
         if len(item_types) == 1 and not isinstance(item_types[0], Type) and isinstance(
             item_types[0], (list, tuple)
         ) and all(isinstance(t, Type) for t in item_types[0]):
@@ -191,12 +196,18 @@ class TupleType(Type):
     def __iter__(self) -> Iterator[Type]:
         return iter(self._items)
 
-    def __getitem__(self, key: Any) -> Any:
+    @overload
+    def __getitem__(self, key: int) -> Type: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> TupleType: ...
+
+    def __getitem__(self, key: int | slice) -> Type:
         if isinstance(key, slice):
             return TupleType(*self._items[key])
         return self._items[key]
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Hashable, ...]:
         return self._items
 
     def tensor_leaves(self) -> list[TensorType]:
@@ -211,14 +222,14 @@ class SequenceType(Type):
 
     __slots__ = ("_elem",)
 
-    def __init__(self, element_type: Any):
+    def __init__(self, element_type: TypeLike):
         self._elem = convert_to_type(element_type)
 
     @property
     def element_type(self) -> Type:
         return self._elem
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Hashable, ...]:
         return (self._elem,)
 
     def __repr__(self) -> str:
@@ -239,7 +250,7 @@ class PyObjectType(Type):
 
     __slots__ = ()
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Hashable, ...]:
         return ()
 
     def __repr__(self) -> str:
@@ -251,7 +262,7 @@ class VoidType(Type):
 
     __slots__ = ()
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Hashable, ...]:
         return ()
 
     def tensor_leaves(self) -> list[TensorType]:
@@ -316,13 +327,13 @@ def _canonicalize(t: Type) -> Type:
     return t
 
 
-def _is_shape(x: Any) -> bool:
+def _is_shape(x: object) -> bool:
     return isinstance(x, (tuple, list)) and all(
         isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x
     )
 
 
-def convert_to_type(x: Any) -> Type:
+def convert_to_type(x: TypeLike) -> Type:
     """Converts shorthand to a type.
 
     * a ``Type`` is returned unchanged (canonicalised);

@@ -27,7 +27,7 @@ from fold.compiler.saving import SavePolicy
 from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import StatsRecorder
 from fold.errors import InvalidConstant, check_examples, check_int
-from fold.scheduler.background import IdlePool, build_ahead
+from fold.scheduler.background import Chunk, IdlePool, build_ahead
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import BatchBuilder, ExampleChunk, gc_paused, run_examples
 from fold.scheduler.layouts import LayoutPolicy
@@ -40,9 +40,6 @@ __all__ = ["Batcher", "Devices"]
 
 Devices = int | Mesh | Sequence[jax.Device]
 """What a sharded batch is spread over: a device count, a list of devices or a ``Mesh``."""
-
-# One batch's examples as the stream carries them: recorded, or Python examples with their indices.
-Chunk = RecordedExamples | ExampleChunk
 
 
 class Batcher:

@@ -14,13 +14,12 @@ Examples:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Hashable, Mapping, Sequence
 
 from fold.blocks.base import Block, convert_to_block
 from fold.blocks.composition import Composition
 from fold.blocks.control import ForwardDeclaration, Metric
-from fold.blocks.host import DEFAULT_LIMITS, ExampleLimits, OpBlock
+from fold.blocks.host import DEFAULT_LIMITS, BlockLike, ExampleLimits, OpBlock, Step
 from fold.blocks.layers import Layer, snake_case
 from fold.blocks.tensors import Concat, Function, OpSpec
 from fold.blocks.types import PyObjectType, TensorType, Type, VoidType, is_tensor_tree, tensor_types
@@ -31,7 +30,7 @@ from fold.scheduler.program import CompiledOp, Program, Slot
 __all__ = ["build_program", "root_is_tensors"]
 
 
-def build_program(root_block: Any, any_root: bool = False, fuse: bool = True,
+def build_program(root_block: BlockLike, any_root: bool = False, fuse: bool = True,
                   limits: ExampleLimits = DEFAULT_LIMITS) -> Program:
     """Validates and type-checks ``root_block`` and compiles it to a ``Program``.
 
@@ -64,9 +63,11 @@ def build_program(root_block: Any, any_root: bool = False, fuse: bool = True,
             slot_index.setdefault(slot, len(slot_index))
     out = root.output_type
     assert out is not None  # _checked_tree checked every type
+    layers = _named_layers(ops)
     return Program(
         root=root, output_type=out, types=types, type_index=type_index, ops=ops, block_ops=block_ops,
-        slot_index=slot_index, pipe_steps=pipe_steps, layers=_named_layers(ops), metric_types=_metric_types(blocks),
+        slot_index=slot_index, pipe_steps=pipe_steps, layers=layers, layer_seeds=_layer_seeds(layers),
+        metric_types=_metric_types(blocks),
         labeled_metrics=frozenset(b.metric_name for b in blocks if isinstance(b, Metric) and b.labeled),
         root_leaves=tuple(out.tensor_leaves()) if root_is_tensors(out) else (), limits=limits,
     )
@@ -92,7 +93,7 @@ def _all_blocks(root: Block) -> list[Block]:
     return order
 
 
-def _checked_tree(root_block: Any, any_root: bool) -> tuple[Block, list[Block]]:
+def _checked_tree(root_block: BlockLike, any_root: bool) -> tuple[Block, list[Block]]:
     """The root block and every block of its tree, every type known and the root's allowed."""
     root = convert_to_block(root_block)
     if root.input_type is None:
@@ -121,15 +122,15 @@ def _checked_tree(root_block: Any, any_root: bool) -> tuple[Block, list[Block]]:
     return root, blocks
 
 
-def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Any, Sequence[Any]],
-                type_index: Mapping[TensorType, int]) -> tuple[tuple[CompiledOp, ...], dict[Any, int]]:
+def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Block, Sequence[Step]],
+                type_index: Mapping[TensorType, int]) -> tuple[tuple[CompiledOp, ...], dict[OpBlock, int]]:
     """The operations, merged by key so equal functions batch together, and each operation
     block's (or fused run's) index among them."""
     fused = {m: step for steps in pipe_steps.values() for step in steps if isinstance(step, Fused)
              for m in step.blocks}
     ops: list[CompiledOp] = []
     block_ops: dict[OpBlock, int] = {}
-    by_key: dict[Any, int] = {}
+    by_key: dict[Hashable, int] = {}
     for b in blocks:
         if not isinstance(b, (Function, Concat)):
             continue
@@ -168,8 +169,7 @@ def _slots(tidx: tuple[int, ...]) -> tuple[Slot, ...]:
 
 
 def _named_layers(ops: Sequence[CompiledOp]) -> dict[str, tuple[Layer, Type]]:
-    """Every layer by name with its one input type; unnamed layers get their class's snake-case
-    name, numbered past the names taken."""
+    """Every layer by name with its one input type."""
     layer_types: dict[Layer, Type] = {}
     for op in ops:
         if op.layer is None:
@@ -181,23 +181,29 @@ def _named_layers(ops: Sequence[CompiledOp]) -> dict[str, tuple[Layer, Type]]:
             raise TypeError(f"layer {op.layer!r} is used with input types {prev} and {layer_in}; "
                             "a layer has one input type (its parameters depend on it)")
         layer_types[op.layer] = layer_in
-    named: dict[str, Layer] = {}
-    for layer in layer_types:
-        if layer.name is None:
-            continue
+    named: dict[str, tuple[Layer, Type]] = {}
+    for layer, t in layer_types.items():
         if layer.name in named:
             raise ValueError(f"two different layers are named {layer.name!r} in one model: "
-                             f"{named[layer.name]!r} and {layer!r}")
-        named[layer.name] = layer
-    used = set(named)
-    for layer in layer_types:
-        if layer.name is None:
+                             f"{named[layer.name][0]!r} and {layer!r}")
+        named[layer.name] = (layer, t)
+    return named
+
+
+def _layer_seeds(layers: Mapping[str, tuple[Layer, Type]]) -> dict[str, str]:
+    """Per layer name, the name its initial values are drawn under (``Program.layer_seeds``): a
+    given name as it is; a default one as its class's, numbered in the model's order past the
+    names taken."""
+    seeds = {name: name for name, (layer, _) in layers.items() if not layer.has_default_name}
+    used = set(seeds)
+    for name, (layer, _) in layers.items():
+        if layer.has_default_name:
             base = snake_case(type(layer).__name__)
-            name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
+            seed = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
                         if n not in used)
-            layer.name_if_unnamed(name)
-            used.add(name)
-    return {str(layer.name): (layer, t) for layer, t in layer_types.items()}
+            seeds[name] = seed
+            used.add(seed)
+    return seeds
 
 
 def _metric_types(blocks: Sequence[Block]) -> dict[str, TensorType]:

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, overload
+from typing import overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fold.blocks.host import DEFAULT_LIMITS, ExampleLimits
+from fold.blocks.host import DEFAULT_LIMITS, BlockLike, ExampleLimits
 from fold.blocks.tensors import unflatten_value
 from fold.compiler import numerics, sharding
 from fold.compiler.batching import Batcher, Devices
 from fold.compiler.build import build_program, root_is_tensors
-from fold.compiler.executor import Executor
-from fold.compiler.params import LayerParams, Params, is_key
+from fold.compiler.executor import Arenas, Executor
+from fold.compiler.params import LayerParams, is_key
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy
 from fold.compiler.sharding import ShardedBatch
@@ -37,6 +37,7 @@ from fold.scheduler.builder import run_examples
 from fold.scheduler.program import Program
 from fold.scheduler.records import RecordedExamples
 from fold.scheduler.schedule import MIN_ITEM
+from fold.typing import Params, PyObject
 
 __all__ = ["Compiler"]
 
@@ -77,7 +78,7 @@ class Compiler:
         self.save_limit = int(save_limit)
         self._stats = StatsRecorder()
         self.executor = Executor(program)
-        self._params = LayerParams(program.layers)
+        self._params = LayerParams(program.layers, program.layer_seeds)
         self._saving = SavePolicy(backward, self.save_limit, self.executor, lambda: self._params.structs)
         self._batcher = Batcher(program, self.chunk_sizes, self._saving, int(max_layouts), self._stats)
         self._token = self._batcher.token
@@ -91,7 +92,7 @@ class Compiler:
                 f"backward={self.backward!r})")
 
     @classmethod
-    def create(cls, root_block: Any, chunk_size: int | Sequence[int] = CHUNK_SIZES,
+    def create(cls, root_block: BlockLike, chunk_size: int | Sequence[int] = CHUNK_SIZES,
                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS,
                fuse: bool = True, max_example_nodes: int = DEFAULT_LIMITS.max_nodes,
                max_recursion: int = DEFAULT_LIMITS.max_recursion) -> Compiler:
@@ -172,7 +173,7 @@ class Compiler:
                    max_layouts)
 
     @classmethod
-    def for_eval(cls, block: Any) -> Compiler:
+    def for_eval(cls, block: BlockLike) -> Compiler:
         """A compiler for ``block.eval`` and ``block.max_depth``: any root type (sequences and
         Python objects come back as values), small chunks (one branch per operation keeps a
         notebook's compilations quick), a recomputing backward pass, and no fused operations
@@ -183,8 +184,11 @@ class Compiler:
     def init(self, key: jax.Array) -> Params:
         """Parameters for every layer: ``{layer name: params}``.
 
-        Each layer's key is derived from ``key`` and its name, so adding a
-        layer does not change the others' initial values.
+        Each layer's key is derived from ``key`` and its name if it was
+        given one, else its class's numbered within the model
+        (``program.layer_seeds``): adding a named layer does not change the
+        others' initial values, and none depend on how many layers the
+        process made before the model.
 
         Args:
           key: a PRNG key, e.g. ``jax.random.key(0)``.
@@ -197,7 +201,7 @@ class Compiler:
         """
         return self._params.init(key)
 
-    def prepare_params(self, params: Any) -> Params:
+    def prepare_params(self, params: Params) -> Params:
         """Checks ``params`` and stops gradients of non-trainable layers (``apply`` calls this).
 
         Raises:
@@ -214,14 +218,14 @@ class Compiler:
         return self._saving.row_bytes(chunk)
 
     @overload
-    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False,
+    def build_batch(self, examples: Iterable[PyObject] | RecordedExamples, exact_layout: bool = False,
                     devices: None = None, axis: str = sharding.AXIS) -> Batch: ...
 
     @overload
-    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False, *,
+    def build_batch(self, examples: Iterable[PyObject] | RecordedExamples, exact_layout: bool = False, *,
                     devices: Devices, axis: str = sharding.AXIS) -> ShardedBatch: ...
 
-    def build_batch(self, examples: Iterable[Any] | RecordedExamples, exact_layout: bool = False,
+    def build_batch(self, examples: Iterable[PyObject] | RecordedExamples, exact_layout: bool = False,
                     devices: Devices | None = None,
                     axis: str = sharding.AXIS) -> Batch | ShardedBatch:
         """Walks every example on the host and builds its schedule (NumPy only).
@@ -258,7 +262,7 @@ class Compiler:
         """
         return self._batcher.build_batch(examples, exact_layout, devices, axis)
 
-    def record(self, examples: Iterable[Any] | RecordedExamples, progress: bool = False) -> RecordedExamples:
+    def record(self, examples: Iterable[PyObject] | RecordedExamples, progress: bool = False) -> RecordedExamples:
         """Walks every example on the host once and keeps what it records as arrays.
 
         ``build_batch`` and ``batches`` take the result (or a slice or index
@@ -297,17 +301,17 @@ class Compiler:
         return self._batcher.record(examples, progress)
 
     @overload
-    def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
+    def batches(self, examples: Iterable[PyObject] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
                 devices: None = None, axis: str = sharding.AXIS, prefetch: bool = True) -> Iterator[Batch]: ...
 
     @overload
-    def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
+    def batches(self, examples: Iterable[PyObject] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None, *,
                 devices: Devices, axis: str = sharding.AXIS,
                 prefetch: bool = True) -> Iterator[ShardedBatch]: ...
 
-    def batches(self, examples: Iterable[Any] | RecordedExamples, batch_size: int, shuffle: bool = False,
+    def batches(self, examples: Iterable[PyObject] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,
                 devices: Devices | None = None, axis: str = sharding.AXIS,
                 prefetch: bool = True) -> Iterator[Batch] | Iterator[ShardedBatch]:
@@ -412,13 +416,14 @@ class Compiler:
         """
         return self._apply
 
-    def _apply(self, params: Any, batch: Batch | ShardedBatch, key: jax.Array | None = None) -> Result:
+    def _apply(self, params: Params, batch: Batch | ShardedBatch, key: jax.Array | None = None) -> Result:
         if isinstance(batch, ShardedBatch):
             if batch.owner != self._token:
                 raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
                                  "build it with this compiler's build_batch or batches")
             if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
-                return self._apply_jit(params, batch, key)
+                jitted: Result = self._apply_jit(params, batch, key)
+                return jitted
             return sharding.apply_sharded(self._apply, params, batch, key)
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
@@ -428,7 +433,8 @@ class Compiler:
         if key is not None and not is_key(key):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
         if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
-            return self._apply_jit(params, batch, key)
+            result: Result = self._apply_jit(params, batch, key)
+            return result
         if isinstance(batch.arrays.n_items, jax.core.Tracer):
             self._stats.traced(batch.layout)
         arenas = self._arenas(params, batch, key)
@@ -444,10 +450,10 @@ class Compiler:
                                                      jnp.asarray(m.example))
         return Result(outputs, metrics)
 
-    def _arenas(self, params: Any, batch: Batch, key: jax.Array | None = None) -> dict:
+    def _arenas(self, params: Params, batch: Batch, key: jax.Array | None = None) -> Arenas:
         return self.executor.arenas(self.prepare_params(params), batch, key)
 
-    def check_numerics(self, params: Any, examples: Iterable[Any],
+    def check_numerics(self, params: Params, examples: Iterable[PyObject],
                        loss: Callable[[Result], jax.Array] | None = None,
                        dataset_indices: Sequence[int] | None = None) -> None:
         """Raises FloatingPointError naming the first example whose values or gradients are not
@@ -515,11 +521,11 @@ class Compiler:
         return self._stats.snapshot(reset)
 
     # ------------------------------------------------------------- notebook
-    def max_depth(self, example: Any) -> int:
+    def max_depth(self, example: PyObject) -> int:
         """Depth of one example's schedule (no device work)."""
         return run_examples(self.program, [example], indexed=False)[0].max_depth
 
-    def eval_one(self, example: Any, params: Any = None) -> Any:
+    def eval_one(self, example: PyObject, params: Params | None = None) -> PyObject:
         """Evaluates one example; see ``Block.eval``."""
         if params is None:
             params = self.init(jax.random.key(0))
@@ -535,7 +541,7 @@ class Compiler:
         return out, metrics
 
 
-def check_compiler(value: Any, where: str) -> Compiler:
+def check_compiler(value: object, where: str) -> Compiler:
     """``value`` if it is a ``Compiler``; else a TypeError saying ``where`` takes one (a block is
     the usual mistake)."""
     if not isinstance(value, Compiler):

@@ -33,15 +33,17 @@ See ``docs/design.md``. In short:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import DTypeLike
 
-from fold.scheduler.batch import BatchArrays, BatchLayout
+from fold.scheduler.batch import Batch, BatchArrays, BatchLayout
 from fold.scheduler.schedule import item_sizes, piece_rows
+from fold.typing import Params, PyTree
 
 if TYPE_CHECKING:
     from fold.scheduler.program import CompiledOp, Program
@@ -51,11 +53,24 @@ __all__ = ["Executor", "Arenas"]
 Arenas = dict[int, jax.Array]
 """Per arena type index, its rows: the values of a batch while it runs."""
 
-_Plan = tuple[tuple[int, tuple[int, ...], Any], ...]
+_Plan = tuple[tuple[int, tuple[int, ...], DTypeLike], ...]
 """What a saving loop operation keeps: per saved ``vjp`` leaf, its index, row shape and dtype."""
 
-_Branch = Callable[..., Any]
+_Branch = Callable[..., tuple[object, ...]]
 """One case of the loop's ``lax.switch``: one operation at one item size."""
+
+
+_Vjp = Callable[[list[jax.Array | np.ndarray]], tuple[PyTree, ...]]
+"""An operation's ``vjp``: output cotangents to the cotangents of ``(params, *float inputs)``."""
+
+_Run = Callable[[Params, Arenas, BatchArrays, "jax.Array | None"], Arenas]
+"""A layout's whole run (``Executor._make_run``): hoisted groups, the loop and tail groups."""
+
+_Stage = tuple[str, tuple[int, ...], tuple[int, ...], int, int]
+"""Hoisted or tail groups as ``_groups`` takes them: which, operations, sizes, C and key stream."""
+
+_Residual = tuple[Params, tuple[Arenas, Arenas], BatchArrays, "jax.Array | None", list[jax.Array]]
+"""What the backward pass keeps: the parameters, the final arenas, the arrays, the key, saved leaves."""
 
 
 class _GroupAux(TypedDict):
@@ -79,7 +94,7 @@ _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 _SAVED = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
-def _is_float(dtype: Any) -> bool:
+def _is_float(dtype: str) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
@@ -93,11 +108,11 @@ class Executor:
         self.float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
 
     # ------------------------------------------------------------- helpers
-    def _params_for(self, op: CompiledOp, params: Any) -> Any:
+    def _params_for(self, op: CompiledOp, params: Params) -> PyTree:
         return None if op.layer is None else params[op.layer.name]
 
     def _gather_inputs(self, op: CompiledOp, arenas: Arenas, in_idx: jax.Array, first: jax.Array,
-                       count: jax.Array, size: int) -> tuple[list, jax.Array, jax.Array]:
+                       count: jax.Array, size: int) -> tuple[list[jax.Array], jax.Array, jax.Array]:
         """The item's input rows: padded rows repeat the first real row."""
         n_in = len(op.in_tidx)
         idx = lax.dynamic_slice(in_idx, (first, _I0), (size, in_idx.shape[1]))[:, :n_in]
@@ -113,16 +128,17 @@ class Executor:
                 k[t] = max(k.get(t, 0), j + 1)
         return k
 
-    def _call(self, op: CompiledOp, params: Any, rng: Any, xs: list[jax.Array]) -> list[jax.Array]:
+    def _call(self, op: CompiledOp, params: Params, rng: jax.Array | None, xs: list[jax.Array]) -> list[jax.Array]:
         """Runs ``op``, checking its results against its declared types."""
         return _check(op, op.spec.fn(self._params_for(op, params), rng, *xs))
 
-    def _vjp(self, op: CompiledOp, p: Any, rng: Any, xs: list[jax.Array], float_types: list[int], save: bool) -> tuple:
+    def _vjp(self, op: CompiledOp, p: PyTree, rng: jax.Array | None, xs: list[jax.Array], float_types: list[int],
+             save: bool) -> tuple[list[jax.Array], _Vjp, list[int]]:
         """``op``'s outputs, its ``vjp`` in ``(p, *float inputs)`` (other inputs held fixed) and
         the positions of those float inputs. ``save`` keeps only the matmul outputs in the ``vjp``."""
         diff = [i for i, t in enumerate(op.in_tidx) if t in float_types]
 
-        def f(p, *dxs):
+        def f(p: PyTree, *dxs: jax.Array) -> list[jax.Array]:
             full = list(xs)
             for i, dx in zip(diff, dxs):
                 full[i] = dx
@@ -133,7 +149,8 @@ class Executor:
         ys, vjp = jax.vjp(f, p, *[xs[i] for i in diff])
         return ys, vjp, diff
 
-    def _saved_leaves(self, op: CompiledOp, p: Any, rng: Any, float_types: list[int], sizes: tuple[int, ...]) -> tuple:
+    def _saved_leaves(self, op: CompiledOp, p: PyTree, rng: jax.Array | None, float_types: list[int],
+                      sizes: tuple[int, ...]) -> _Plan:
         """The leaves of ``op``'s ``vjp`` that the forward loop saves, as ``(leaf index, row
         shape, dtype)``: those with one row per item row at every item size (so they can live in
         an arena-like buffer), except the input rows themselves (the backward gathers those
@@ -141,9 +158,9 @@ class Executor:
         recompute. Empty when the leaves do not line up across item sizes."""
         per_size = []
         for size in (*sizes, 2 * sizes[-1]):  # 2C: a parameter can't match every size
-            is_input: list = []
+            is_input: list[bool] = []
 
-            def leaves(p, rng, *xs):
+            def leaves(p: PyTree, rng: jax.Array | None, *xs: jax.Array) -> list[jax.Array]:
                 out = jax.tree_util.tree_leaves(self._vjp(op, p, rng, list(xs), float_types, True)[1])
                 is_input.extend(any(leaf is x for x in xs) for leaf in out)
                 return out
@@ -160,7 +177,7 @@ class Executor:
                 saved.append((j, seen[0][1], seen[0][2]))
         return tuple(saved)
 
-    def saved_row_bytes(self, o: int, params: Any, chunk: int) -> int:
+    def saved_row_bytes(self, o: int, params: Params, chunk: int) -> int:
         """Bytes that ``backward="save"`` keeps per loop row of operation ``o`` with chunk size
         ``chunk`` (0 when it keeps nothing). ``params`` may be abstract (shapes and dtypes)."""
         op = self.ops[o]
@@ -170,7 +187,7 @@ class Executor:
                                    item_sizes(chunk))
         return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for _, shape, dtype in saved)
 
-    def flops_per_row(self, o: int, params: Any, rows: int = 128) -> float | None:
+    def flops_per_row(self, o: int, params: Params, rows: int = 128) -> float | None:
         """XLA's count of the floating-point operations of one row of operation ``o`` (its forward
         pass on ``rows`` rows, divided by ``rows``), or None when the backend gives no count.
         ``params`` may be abstract; nothing is compiled or run."""
@@ -199,7 +216,8 @@ class Executor:
         return arenas
 
     # ------------------------------------------------------- whole groups
-    def _groups(self, arrays: BatchArrays, key: Any, which: str, ops: tuple[int, ...], sizes: tuple[int, ...],
+    def _groups(self, arrays: BatchArrays, key: jax.Array | None, which: str, ops: tuple[int, ...], sizes: tuple[int,
+                ...],
                 chunk: int, stream: int) -> list[tuple[CompiledOp, int, _GroupAux]]:
         """Per hoisted (``which="hoist"``) or tail group, in order: ``(op, piece, aux)``, ``piece``
         its rows per loop iteration and ``aux`` its input rows ``idx``, ``valid`` rows,
@@ -219,12 +237,12 @@ class Executor:
             out.append((op, piece_rows(size, chunk), aux))
         return out
 
-    def _group_forward(self, op: CompiledOp, piece: int, p: Any, arenas: Arenas, aux: _GroupAux) -> Arenas:
+    def _group_forward(self, op: CompiledOp, piece: int, p: PyTree, arenas: Arenas, aux: _GroupAux) -> Arenas:
         """``arenas`` after running a whole group, ``piece`` rows per iteration of a loop whose
         carry holds only the arenas the group writes. Piece ``k`` draws with
         ``fold_in(aux["rng"], k)``."""
 
-        def body(k, written):
+        def body(k: jax.Array, written: Arenas) -> Arenas:
             idx, valid, dest, rng = _piece(aux, piece, k)
             ys = _check(op, op.spec.fn(p, rng, *_gather_rows(op, {**arenas, **written}, idx)))
             return _write_rows(written, op, ys, valid, dest)
@@ -232,15 +250,15 @@ class Executor:
         written = {t: arenas[t] for t in set(op.out_tidx)}
         return {**arenas, **lax.fori_loop(0, _pieces(aux, piece), body, written)}
 
-    def _group_backward(self, op: CompiledOp, piece: int, p: Any, arenas: Arenas, ct: Arenas,
-                        aux: _GroupAux) -> tuple[Arenas, Any]:
+    def _group_backward(self, op: CompiledOp, piece: int, p: PyTree, arenas: Arenas, ct: Arenas,
+                        aux: _GroupAux) -> tuple[Arenas, PyTree]:
         """The group's backward pass, ``piece`` rows at a time: recompute the piece's forward
         (same keys) for its ``vjp`` from the final ``arenas``, read its output cotangents from the
         cotangent arenas ``ct`` and scatter-add its input cotangents into them in place. Returns
         ``ct`` and the cotangent of ``p``. A group run whole would hold its gathered inputs and
         their cotangents, each as large as its rows: for a per-node readout, every node's state."""
 
-        def body(k, carry):
+        def body(k: jax.Array, carry: tuple[Arenas, PyTree]) -> tuple[Arenas, PyTree]:
             ct, p_acc = dict(carry[0]), carry[1]
             idx, valid, dests, rng = _piece(aux, piece, k)
             _, vjp, diff = self._vjp(op, p, rng, _gather_rows(op, arenas, idx), self.float_types, False)
@@ -254,9 +272,12 @@ class Executor:
                 ct[t] = ct[t].at[rows].add(_masked(valid, x_ct), mode="drop")
             return ct, jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
 
-        return lax.fori_loop(0, _pieces(aux, piece), body, (ct, jax.tree_util.tree_map(jnp.zeros_like, p)))
+        out: tuple[Arenas, PyTree] = lax.fori_loop(0, _pieces(aux, piece), body,
+                                                   (ct, jax.tree_util.tree_map(jnp.zeros_like, p)))
+        return out
 
-    def _plans(self, layout: BatchLayout, lparams: Any, key: Any, float_types: list[int]) -> dict[int, _Plan]:
+    def _plans(self, layout: BatchLayout, lparams: Params, key: jax.Array | None, float_types: list[int]) -> dict[int,
+               _Plan]:
         """Per loop operation (by position in ``layout.loop_ops``), the ``vjp`` leaves its
         forward items save (see ``_saved_leaves``); empty unless the batch saves (its layout has
         ``saved_rows``)."""
@@ -275,7 +296,7 @@ class Executor:
         return plans
 
     def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers,
-                      i: Any) -> list[jax.Array]:
+                      i: jax.Array) -> list[jax.Array]:
         """Per saved buffer, the row from which item ``i`` writes (and reads back) its ``C`` rows:
         its operation's region of that buffer plus the item's offset in it (the schedule lays each
         operation's items out one after another, each writing ``C`` rows from where the previous
@@ -284,8 +305,8 @@ class Executor:
         when its operation keeps nothing there."""
         q = arrays.items_branch[i] // len(item_sizes(layout.chunk))
         starts = []
-        for first, rows in zip(buffers.first_rows, buffers.rows):
-            first = jnp.asarray(first)[q]
+        for first_rows, rows in zip(buffers.first_rows, buffers.rows):
+            first = jnp.asarray(first_rows)[q]
             starts.append(jnp.where(first >= 0, first + arrays.items_saved[i], rows))
         return starts
 
@@ -299,7 +320,8 @@ class Executor:
         C = layout.chunk
 
         def make(q: int, op: CompiledOp, size: int) -> _Branch:
-            def branch(lparams, rng, arenas, in_idx, first, count):
+            def branch(lparams: Params, rng: jax.Array | None, arenas: Arenas, in_idx: jax.Array, first: jax.Array,
+                       count: jax.Array) -> tuple[Arenas, list[jax.Array]]:
                 xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
                 saved = [jnp.zeros((C, *shape), dtype) for shape, dtype in buffers.rows_of]
                 if q in plans:
@@ -319,8 +341,9 @@ class Executor:
 
         return self._branch_table(layout, make)
 
-    def _forward_loop(self, lparams: Any, arenas: Arenas, arrays: BatchArrays, layout: BatchLayout, key: Any,
-                      plans: dict[int, _Plan]) -> tuple[dict, list]:
+    def _forward_loop(self, lparams: Params, arenas: Arenas, arrays: BatchArrays, layout: BatchLayout,
+                      key: jax.Array | None,
+                      plans: dict[int, _Plan]) -> tuple[Arenas, list[jax.Array]]:
         """The arenas after the loop, and the ``vjp`` leaves saved for ``plans``' operations."""
         k_out = self._slots(layout.loop_ops, "out_slots")
         buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
@@ -329,7 +352,7 @@ class Executor:
         saved0 = [jnp.zeros((rows + layout.chunk, *shape), dtype)
                   for rows, (shape, dtype) in zip(buffers.rows, buffers.rows_of)]
 
-        def body(state):
+        def body(state: tuple[jax.Array, Arenas, list[jax.Array]]) -> tuple[jax.Array, Arenas, list[jax.Array]]:
             i, arenas, saved = state
             chunks, saved_chunks = lax.switch(arrays.items_branch[i], branches, lparams,
                                               _fold(key, _LOOP_STREAM, i), arenas, arrays.in_idx,
@@ -353,7 +376,9 @@ class Executor:
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
 
         def make(q: int, op: CompiledOp, size: int) -> _Branch:
-            def branch(lparams, rng, arenas, in_idx, first, count, ct_chunks, saved):
+            def branch(lparams: Params, rng: jax.Array | None, arenas: Arenas, in_idx: jax.Array, first: jax.Array,
+                       count: jax.Array, ct_chunks: Arenas,
+                       saved: list[jax.Array]) -> tuple[Arenas, dict[int, jax.Array], Params]:
                 xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
 
                 p = self._params_for(op, lparams)
@@ -367,7 +392,7 @@ class Executor:
                         rows = saved[b][:size]
                         leaves[j] = _masked(valid, rows, rows[:1])
                     vjp = jax.tree_util.tree_unflatten(tree, leaves)
-                cts = []
+                cts: list[jax.Array | np.ndarray] = []
                 for t, k in op.out_slots:
                     if t in float_types:
                         ct = ct_chunks[t][k, :size]
@@ -391,8 +416,8 @@ class Executor:
 
         return self._branch_table(layout, make)
 
-    def _backward_loop(self, lparams: Any, arenas: Arenas, ct: Arenas, arrays: BatchArrays, layout: BatchLayout,
-                       key: Any, plans: dict[int, _Plan], saved: list) -> tuple:
+    def _backward_loop(self, lparams: Params, arenas: Arenas, ct: Arenas, arrays: BatchArrays, layout: BatchLayout,
+                       key: jax.Array | None, plans: dict[int, _Plan], saved: list[jax.Array]) -> tuple[Params, Arenas]:
         float_types = sorted(ct)
         k_out = self._slots(layout.loop_ops, "out_slots")
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
@@ -401,7 +426,7 @@ class Executor:
         slot_index = self.program.slot_index
         C = layout.chunk
 
-        def body(state):
+        def body(state: tuple[jax.Array, Arenas, Params]) -> tuple[jax.Array, Arenas, Params]:
             i, ct, p_acc = state
             ct_chunks = {}
             for t, k_max in k_out.items():
@@ -424,28 +449,29 @@ class Executor:
             return i - 1, ct, p_acc
 
         p0 = jax.tree_util.tree_map(jnp.zeros_like, lparams)
-        _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (arrays.n_items - 1, ct, p0))
+        _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (jnp.asarray(arrays.n_items) - 1, ct, p0))
         return p_acc, ct
 
-    def _make_run(self, layout: BatchLayout):
+    def _make_run(self, layout: BatchLayout) -> _Run:
         """``run(params, arenas, arrays, key) -> arenas``: hoisted groups, the loop and tail groups,
         differentiated as one ``custom_vjp`` whose residual is the final arenas. Rows are written
         once and read only after, so every backward stage reads its inputs there: no stage keeps
         an arena version of its own (a hoisted group writing the loop's type would otherwise
         keep a second copy of that arena)."""
         float_ids = self.float_types
-        loop_names = sorted({self.ops[o].layer.name for o in layout.loop_ops if self.ops[o].layer is not None})
-        hoist = ("hoist", layout.hoist_ops, layout.hoist_sizes, layout.chunk, _HOIST_STREAM)
-        tail = ("tail", layout.tail_ops, layout.tail_sizes, layout.chunk, _TAIL_STREAM)
+        loop_names = sorted({layer.name for o in layout.loop_ops if (layer := self.ops[o].layer) is not None})
+        hoist: _Stage = ("hoist", layout.hoist_ops, layout.hoist_sizes, layout.chunk, _HOIST_STREAM)
+        tail: _Stage = ("tail", layout.tail_ops, layout.tail_sizes, layout.chunk, _TAIL_STREAM)
 
         def split(arenas: Arenas) -> tuple[Arenas, Arenas]:
             return ({t: a for t, a in arenas.items() if t in float_ids},
                     {t: a for t, a in arenas.items() if t not in float_ids})
 
-        def forward(params, arenas, arrays, key, plans):
+        def forward(params: Params, arenas: Arenas, arrays: BatchArrays, key: jax.Array | None,
+                    plans: dict[int, _Plan]) -> tuple[tuple[Arenas, Arenas], list[jax.Array]]:
             for op, piece, aux in self._groups(arrays, key, *hoist):
                 arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
-            saved = []
+            saved: list[jax.Array] = []
             if layout.loop_ops:
                 lparams = {name: params[name] for name in loop_names}
                 arenas, saved = self._forward_loop(lparams, arenas, arrays, layout, key, plans)
@@ -453,27 +479,29 @@ class Executor:
                 arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
             return split(arenas), saved
 
-        def plans_for(params, key):
+        def plans_for(params: Params, key: jax.Array | None) -> dict[int, _Plan]:
             return self._plans(layout, {name: params[name] for name in loop_names}, key, float_ids)
 
         # ``arrays`` and ``key`` are not differentiated; a None ``key`` means deterministic.
         @jax.custom_vjp
-        def run(params, f_arenas, i_arenas, arrays, key):
+        def run(params: Params, f_arenas: Arenas, i_arenas: Arenas, arrays: BatchArrays,
+                key: jax.Array | None) -> tuple[Arenas, Arenas]:
             return forward(params, {**f_arenas, **i_arenas}, arrays, key, {})[0]
 
-        def run_fwd(params, f_arenas, i_arenas, arrays, key):
+        def run_fwd(params: Params, f_arenas: Arenas, i_arenas: Arenas, arrays: BatchArrays,
+                    key: jax.Array | None) -> tuple[tuple[Arenas, Arenas], _Residual]:
             out, saved = forward(params, {**f_arenas, **i_arenas}, arrays, key, plans_for(params, key))
             return out, (params, out, arrays, key, saved)
 
-        def run_bwd(res, cts):
+        def run_bwd(res: _Residual, cts: tuple[Arenas, Arenas]) -> tuple[Params, Arenas, None, None, None]:
             params, (f_out, i_out), arrays, key, saved = res
             arenas, ct = {**f_out, **i_out}, dict(cts[0])
             p_ct = jax.tree_util.tree_map(jnp.zeros_like, params)
 
-            def add(name, g):
+            def add(name: str, g: PyTree) -> None:
                 p_ct[name] = jax.tree_util.tree_map(jnp.add, p_ct[name], g)
 
-            def groups_backward(which, ct):
+            def groups_backward(which: _Stage, ct: Arenas) -> Arenas:
                 for op, piece, aux in reversed(self._groups(arrays, key, *which)):
                     ct, g = self._group_backward(op, piece, self._params_for(op, params), arenas, ct, aux)
                     if op.layer is not None:
@@ -491,14 +519,14 @@ class Executor:
 
         run.defvjp(run_fwd, run_bwd)
 
-        def call(params, arenas, arrays, key):
+        def call(params: Params, arenas: Arenas, arrays: BatchArrays, key: jax.Array | None) -> Arenas:
             f_out, i_out = run(params, *split(arenas), arrays, key)
             return {**f_out, **i_out}
 
         return call
 
     # ------------------------------------------------------------------ run
-    def arenas(self, params: Any, batch: Any, key: Any = None) -> Arenas:
+    def arenas(self, params: Params, batch: Batch, key: jax.Array | None = None) -> Arenas:
         """All arenas after running ``batch`` (pure; differentiable in ``params``, which
         ``Compiler.prepare_params`` checked).
 
@@ -524,21 +552,21 @@ class _SavedBuffers(NamedTuple):
     spill rows, so the last region's are also the buffer's dump rows, where operations without a
     region write their (zero) chunk."""
 
-    rows_of: tuple     # per buffer: (row shape, dtype)
-    rows: tuple        # per buffer: rows before its C dump rows
-    first_rows: tuple  # per buffer: per loop operation, its region's first row (-1: none)
-    of_leaves: dict    # per saving loop operation: the buffer of each of its saved leaves
+    rows_of: tuple[tuple[tuple[int, ...], DTypeLike], ...]  # per buffer: (row shape, dtype)
+    rows: tuple[int, ...]  # per buffer: rows before its C dump rows
+    first_rows: tuple[np.ndarray, ...]  # per buffer: per loop operation, its region's first row (-1: none)
+    of_leaves: dict[int, list[int]]  # per saving loop operation: the buffer of each of its saved leaves
 
     @classmethod
     def of(cls, plans: dict[int, _Plan], saved_rows: tuple[int, ...], chunk: int) -> _SavedBuffers:
         """The buffers for ``plans`` (``Executor._plans``), operation ``q`` needing ``saved_rows[q]``
         rows and items writing ``chunk`` rows each."""
-        keys: list[tuple[tuple[int, ...], Any, int]] = []  # (row shape, dtype, n)
-        first: list = []
-        ends: list = []  # per buffer: the end of its last region's spill rows
-        of_leaves: dict[int, list] = {}
+        keys: list[tuple[tuple[int, ...], DTypeLike, int]] = []  # (row shape, dtype, n)
+        first: list[np.ndarray] = []
+        ends: list[int] = []  # per buffer: the end of its last region's spill rows
+        of_leaves: dict[int, list[int]] = {}
         for q in sorted(plans):
-            seen: dict = {}
+            seen: dict[tuple[tuple[int, ...], DTypeLike], int] = {}
             of_leaves[q] = []
             for _, shape, dtype in plans[q]:
                 sig = (tuple(shape), np.dtype(dtype))
@@ -560,9 +588,12 @@ def _pieces(aux: _GroupAux, piece: int) -> jax.Array:
     return (jnp.sum(aux["valid"], dtype=jnp.int32) + piece - 1) // piece
 
 
-def _piece(aux: _GroupAux, piece: int, k: Any) -> tuple:
+def _piece(aux: _GroupAux, piece: int, k: jax.Array) -> tuple[jax.Array, jax.Array, list[jax.Array], jax.Array | None]:
     """Piece ``k`` of a group: its input rows, valid mask, destination rows (per output) and key."""
-    at = lambda a: lax.dynamic_slice_in_dim(a, k * piece, piece)  # noqa: E731
+
+    def at(a: jax.Array) -> jax.Array:
+        return lax.dynamic_slice_in_dim(a, k * piece, piece)
+
     rng = None if aux["rng"] is None else jax.random.fold_in(aux["rng"], k)
     return at(aux["idx"]), at(aux["valid"]), [at(d) for d in aux["dest"]], rng
 
@@ -572,7 +603,7 @@ def _gather_rows(op: CompiledOp, arenas: Arenas, idx: jax.Array) -> list[jax.Arr
     return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
 
 
-def _masked(valid: jax.Array, x: jax.Array, fill: Any = None) -> jax.Array:
+def _masked(valid: jax.Array, x: jax.Array, fill: jax.Array | None = None) -> jax.Array:
     """``x`` with the rows where ``valid`` is False set to ``fill`` (zero when None)."""
     fill = jnp.zeros((), x.dtype) if fill is None else fill
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, fill)
@@ -587,7 +618,7 @@ def _write_rows(arenas: Arenas, op: CompiledOp, ys: list[jax.Array], valid: jax.
     return arenas
 
 
-def _write_at(buffer: jax.Array, chunk: jax.Array, start: Any) -> jax.Array:
+def _write_at(buffer: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
     """``buffer`` with ``chunk`` written from row ``start`` on (in place inside the loop)."""
     return lax.dynamic_update_slice(buffer, chunk, (start, *(_I0,) * (buffer.ndim - 1)))
 
@@ -603,12 +634,12 @@ def _check(op: CompiledOp, ys: list[jax.Array]) -> list[jax.Array]:
     return ys
 
 
-def _abstract(tree: Any) -> Any:
+def _abstract(tree: PyTree) -> PyTree:
     """``tree`` with its arrays (or tracers) replaced by their shapes and dtypes."""
     return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
 
-def _fold(key: Any, stream: int, i: Any) -> Any:
+def _fold(key: jax.Array | None, stream: int, i: jax.Array | int) -> jax.Array | None:
     """The key of call ``i`` of ``stream``, or None when running deterministically."""
     if key is None:
         return None

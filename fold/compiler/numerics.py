@@ -13,16 +13,17 @@ in the few layouts of a second compiler) and names the first example whose gradi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fold.compiler.executor import Arenas
 from fold.compiler.result import Result
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import BatchBuilder
 from fold.scheduler.program import Program
+from fold.typing import Params, PyObject
 
 __all__ = ["check_arguments", "check_values", "check_gradients"]
 
@@ -43,7 +44,7 @@ def _name(i: int, dataset_indices: Sequence[int] | None) -> str:
     return f"example {i}" if dataset_indices is None else f"example {dataset_indices[i]} (position {i})"
 
 
-def check_arguments(examples: list, dataset_indices: Sequence[int] | None) -> None:
+def check_arguments(examples: list[PyObject], dataset_indices: Sequence[int] | None) -> None:
     """Raises ValueError for no examples, or indices that do not match them."""
     if not examples:
         raise ValueError("check_numerics needs at least one example")
@@ -51,7 +52,7 @@ def check_arguments(examples: list, dataset_indices: Sequence[int] | None) -> No
         raise ValueError(f"dataset_indices has {len(dataset_indices)} entries for {len(examples)} examples")
 
 
-def check_values(program: Program, builder: BatchBuilder, batch: Batch, arenas: dict,
+def check_values(program: Program, builder: BatchBuilder, batch: Batch, arenas: Arenas,
                  dataset_indices: Sequence[int] | None) -> None:
     """Raises FloatingPointError naming the first non-finite value of ``batch`` (built keeping its
     host info by ``builder``), given the ``arenas`` its forward pass filled."""
@@ -71,25 +72,25 @@ def check_values(program: Program, builder: BatchBuilder, batch: Batch, arenas: 
     v = min(bad)  # the walk made values in order: later ones may come from this one
     rec = builder.arrays()
     i = int(np.searchsorted(builder.value_starts, v, side="right")) - 1
-    t = program.types[int(host.v_type[v])]
+    ttype = program.types[int(host.v_type[v])]
     node = int(rec.v_node[v])
     if node < 0:
-        source = f"an input value of type {t} (a constant the host made from the example)"
+        source = f"an input value of type {ttype} (a constant the host made from the example)"
     else:
-        source = f"the output of {program.ops[int(rec.n_op[node])].spec.label} (type {t})"
+        source = f"the output of {program.ops[int(rec.n_op[node])].spec.label} (type {ttype})"
     value = np.asarray(arenas[int(host.v_type[v])])[host.v_row[v]]
     raise FloatingPointError(f"{_name(i, dataset_indices)}: {source} is not finite: {value.tolist()}")
 
 
-def check_gradients(apply: Callable[[Any, Batch], Result], build: Callable[[list[Any]], Batch], params: Any,
-                    examples: list[Any], loss: Callable[[Result], jax.Array] | None,
+def check_gradients(apply: Callable[[Params, Batch], Result], build: Callable[[list[PyObject]], Batch],
+                    params: Params, examples: list[PyObject], loss: Callable[[Result], jax.Array] | None,
                     dataset_indices: Sequence[int] | None) -> None:
     """Raises FloatingPointError naming the first example whose loss has a non-finite gradient, each
     example in a batch of its own that ``build`` makes from a list of it and ``apply`` runs (a
     compiler kept for this, whose layouts the caller's do not share). Within one batch, an example
     whose local derivative is infinite poisons the others' gradients (0 x inf), as a NaN value does."""
 
-    def total_loss(p: Any, b: Batch) -> jax.Array:
+    def total_loss(p: Params, b: Batch) -> jax.Array:
         result = apply(p, b)
         per_example = _example_losses(result, 1) if loss is None else jnp.asarray(loss(result))
         if per_example.shape != (1,):

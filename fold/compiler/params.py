@@ -1,13 +1,15 @@
 """``LayerParams``: a program's parameters, made by ``init`` and checked before every ``apply``.
 
 Parameters are a dict ``{layer name: that layer's pytree}``. Each layer's key is derived from the
-key given and the layer's name, so adding a layer does not change the others' initial values.
+key given and the layer's seed name (``Program.layer_seeds``: its name if it was given one, else
+its class's numbered within the model), so initial values depend on the model alone, not on how
+many layers the process made before it.
 Checking them at trace time (shapes are static) costs once per layout and catches the mistakes
 that would otherwise broadcast or cast silently (a bias of shape (1,) for (4,), int32 weights).
 
 Examples:
     >>> import fold as fd, jax
-    >>> layers = LayerParams({"fc": (fd.FC(2), fd.TensorType((3,)))})
+    >>> layers = LayerParams({"fc": (fd.FC(2), fd.TensorType((3,)))}, {"fc": "fc"})
     >>> params = layers.init(jax.random.key(0))
     >>> params["fc"]["w"].shape
     (3, 2)
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from typing import Any, TypeAlias
 
 import jax
 import numpy as np
@@ -30,32 +31,32 @@ import numpy as np
 from fold.blocks.layers import Layer
 from fold.blocks.types import Type
 from fold.compiler.saving import abstract_params
+from fold.typing import Params
 
 __all__ = ["LayerParams", "Params", "is_key"]
-
-Params: TypeAlias = dict[str, Any]
-"""``{layer name: params}``; each layer's parameters are a pytree of that layer's own making."""
 
 
 def is_key(key: object) -> bool:
     """A typed PRNG key (``jax.random.key``) or a raw one (``jax.random.PRNGKey``: two uint32s)."""
     if not isinstance(key, (jax.Array, np.ndarray)):
         return False
-    return bool(jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or (key.shape == (2,) and key.dtype == np.uint32))
+    return bool(jax.numpy.issubdtype(key.dtype, jax.dtypes.prng_key) or (key.shape == (2,) and key.dtype == np.uint32))
 
 
 class LayerParams:
-    """The parameters of ``layers`` (per name, the layer and its input type)."""
+    """The parameters of ``layers`` (per name, the layer and its input type), each drawn under its
+    name in ``seeds``."""
 
-    def __init__(self, layers: Mapping[str, tuple[Layer, Type]]):
+    def __init__(self, layers: Mapping[str, tuple[Layer, Type]], seeds: Mapping[str, str]):
         self.layers = layers
+        self.seeds = seeds
         self._structs_by_x64: dict[bool, Params] = {}
 
     def init(self, key: jax.Array) -> Params:
         """Parameters for every layer (see ``Compiler.init``)."""
         if not is_key(key):
             raise TypeError(f"init needs a PRNG key such as jax.random.key(0), got {key!r}")
-        return {name: layer.init(jax.random.fold_in(key, zlib.crc32(name.encode())), t)
+        return {name: layer.init(jax.random.fold_in(key, zlib.crc32(self.seeds[name].encode())), t)
                 for name, (layer, t) in sorted(self.layers.items())}
 
     @property

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Result", "MetricValues"]
+__all__ = ["Result", "MetricValues", "Outputs"]
+
+Outputs: TypeAlias = "jax.Array | tuple[Outputs, ...] | None"
+"""A root's outputs: arrays with one row per example, nested like its type (None for void)."""
 
 
 @jax.tree_util.register_pytree_node_class
@@ -26,26 +29,26 @@ class MetricValues:
     (inside, it raises rather than let a mean over ``padded`` count zeros).
     """
 
-    def __init__(self, padded: Any, mask: Any, example: Any):
+    def __init__(self, padded: jax.Array, mask: jax.Array, example: jax.Array):
         self.padded = padded
         self.mask = mask
         self.example = example
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple[jax.Array, jax.Array, jax.Array], None]:
         return (self.padded, self.mask, self.example), None
 
     @classmethod
-    def tree_unflatten(cls, aux: Any, children: tuple) -> MetricValues:
+    def tree_unflatten(cls, aux: None, children: tuple[jax.Array, jax.Array, jax.Array]) -> MetricValues:
         return cls(*children)
 
     @classmethod
-    def zero_padded(cls, padded: Any, mask: Any, example: Any) -> MetricValues:
+    def zero_padded(cls, padded: jax.Array, mask: jax.Array, example: jax.Array) -> MetricValues:
         """Entries whose padded rows (whatever ``padded`` holds there) become zeros."""
         shaped = mask.reshape(mask.shape + (1,) * (padded.ndim - 1))
         return cls(jnp.where(shaped, padded, jnp.zeros((), padded.dtype)), mask, example)
 
     @property
-    def values(self) -> Any:
+    def values(self) -> jax.Array:
         """The real entries, ``[count, *shape]`` (outside traced code only; see the class)."""
         if any(isinstance(x, jax.core.Tracer) for x in (self.padded, self.mask)):
             raise TypeError("MetricValues.values has as many entries as the batch has, which traced code cannot "
@@ -76,15 +79,15 @@ class Result:
     """``outputs``: nested like the root's output type, ``[num_examples, *shape]``
     arrays (None for void parts); ``metrics``: ``{name: MetricValues}``."""
 
-    def __init__(self, outputs: Any, metrics: dict):
+    def __init__(self, outputs: Outputs, metrics: dict[str, MetricValues]):
         self.outputs = outputs
         self.metrics = metrics
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple[Outputs, dict[str, MetricValues]], None]:
         return (self.outputs, self.metrics), None
 
     @classmethod
-    def tree_unflatten(cls, aux: Any, children: tuple) -> Result:
+    def tree_unflatten(cls, aux: None, children: tuple[Outputs, dict[str, MetricValues]]) -> Result:
         return cls(*children)
 
     def __repr__(self) -> str:

@@ -15,13 +15,13 @@ call ``row_bytes`` for every ``C`` before forking processes that decide.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 
 from fold.compiler.executor import Executor
 from fold.scheduler.batch import Batch
 from fold.scheduler.schedule import padded_rows
+from fold.typing import Params
 
 __all__ = ["BACKWARDS", "SAVED_SHARE", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_params",
            "saved_buffer_bytes"]
@@ -60,7 +60,7 @@ class SavePolicy:
       params: the parameters' shapes and dtypes (``abstract_params``), computed when first needed.
     """
 
-    def __init__(self, backward: str, save_limit: int, executor: Executor, params: Callable[[], Any]):
+    def __init__(self, backward: str, save_limit: int, executor: Executor, params: Callable[[], Params]):
         self.backward = backward
         self.save_limit = save_limit
         self._executor = executor
@@ -81,7 +81,7 @@ class SavePolicy:
             self._row_bytes[chunk] = tuple(saved)
         return self._row_bytes[chunk]
 
-    def _worth_saving(self, o: int, row_bytes: int, params: Any) -> bool:
+    def _worth_saving(self, o: int, row_bytes: int, params: Params) -> bool:
         """Whether operation ``o`` costs at least ``SAVE_INTENSITY`` FLOPs per byte it saves (yes
         when XLA gives no FLOP count)."""
         if o not in self.flops_per_row:
@@ -114,10 +114,11 @@ class SavePolicy:
         return batch.replace(layout=batch.layout._replace(saved_rows=rows))
 
 
-def abstract_params(init: Callable[[jax.Array], Any]) -> Any:
+def abstract_params(init: Callable[[jax.Array], Params]) -> Params:
     """The shapes and dtypes ``init`` gives the parameters (or the parameters, for a layer whose
     init needs concrete values)."""
     try:
-        return jax.eval_shape(init, jax.random.key(0))
+        structs: Params = jax.eval_shape(init, jax.random.key(0))
+        return structs
     except jax.errors.JAXTypeError:  # host randomness in a layer's init
         return init(jax.random.key(0))

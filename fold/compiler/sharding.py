@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import pickle
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -36,18 +36,25 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fold.compiler.result import MetricValues, Result
+from fold.compiler.result import MetricValues, Outputs, Result
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout
-from fold.scheduler.layouts import empty, fits, join, pad_to
+from fold.scheduler.layouts import TypeShape, empty, fits, join, pad_to
 from fold.scheduler.schedule import next_pow2
+from fold.typing import Params, PyTree
 
 __all__ = ["AXIS", "ShardedBatch", "SharedLayouts", "device_mesh", "partition"]
+
+_Static: TypeAlias = "tuple[BatchLayout, str | None, Mesh, str]"
+"""A sharded batch's static part: its layout, owner, mesh and axis."""
+
+_Parts: TypeAlias = "tuple[Outputs, dict[str, MetricValues]]"
+"""What each device's part of a step returns: its outputs and metrics."""
 
 # The mesh axis a ``ShardedBatch`` is split over when the caller gives a device count.
 AXIS = "data"
 
 
-def device_mesh(devices: int | Mesh | Sequence[Any], axis: str = AXIS) -> Mesh:
+def device_mesh(devices: int | Mesh | Sequence[jax.Device], axis: str = AXIS) -> Mesh:
     """A one-axis mesh named ``axis``: over the first ``devices`` devices (an int), over the
     given devices, or ``devices`` itself (a ``Mesh``, which must have the axis)."""
     if isinstance(devices, Mesh):
@@ -101,7 +108,7 @@ class SharedLayouts:
     the cheapest earlier layout they all fit, or into a new one with headroom (as
     ``LayoutPolicy`` does for single batches), so a stream compiles a handful of times."""
 
-    def __init__(self, type_shapes: Sequence[tuple[tuple, Any]]):
+    def __init__(self, type_shapes: Sequence[TypeShape]):
         self.type_shapes = type_shapes
         self.layouts: list[BatchLayout] = []
 
@@ -183,7 +190,7 @@ class ShardedBatch:
     ``nodes`` (operation calls per device of this process).
     """
 
-    def __init__(self, arrays: BatchArrays, example_map: Any, positions: Any, layout: BatchLayout,
+    def __init__(self, arrays: BatchArrays, example_map: jax.Array, positions: jax.Array, layout: BatchLayout,
                  owner: str | None, mesh: Mesh, axis: str):
         self.arrays = arrays
         self.example_map = example_map
@@ -196,14 +203,16 @@ class ShardedBatch:
         self.parts: list[Batch] = []
         self.nodes: np.ndarray | None = None
 
-    def tree_flatten(self) -> tuple[tuple, tuple]:
+    def tree_flatten(self) -> tuple[tuple[BatchArrays, jax.Array, jax.Array], _Static]:
         return (self.arrays, self.example_map, self.positions), (self.layout, self.owner, self.mesh, self.axis)
 
     @classmethod
-    def tree_unflatten(cls, static: tuple, children: tuple) -> ShardedBatch:
-        return cls(*children, *static)
+    def tree_unflatten(cls, static: _Static, children: tuple[BatchArrays, jax.Array, jax.Array]) -> ShardedBatch:
+        arrays, example_map, positions = children
+        layout, owner, mesh, axis = static
+        return cls(arrays, example_map, positions, layout, owner, mesh, axis)
 
-    def replicate(self, tree: Any) -> Any:
+    def replicate(self, tree: PyTree) -> PyTree:
         """``tree`` (parameters, optimizer state) placed whole on every device of the mesh, as a
         jitted step over sharded batches returns them: give the first step its parameters this
         way, or it compiles once for them as they are and again for the placement it returns."""
@@ -211,7 +220,7 @@ class ShardedBatch:
 
     @property
     def num_devices(self) -> int:
-        return self.mesh.shape[self.axis]
+        return int(self.mesh.shape[self.axis])
 
     def __repr__(self) -> str:
         nodes = f", nodes per device={self.nodes.tolist()}" if self.nodes is not None else ""
@@ -228,9 +237,9 @@ def assemble(parts: list[Batch], example_map: np.ndarray, positions: np.ndarray,
 
     def global_array(local: np.ndarray) -> jax.Array:
         shape = (devices, *local.shape[1:])
-        if jax.process_count() == 1:
-            return jax.device_put(local, sharded)
-        return jax.make_array_from_process_local_data(sharded, local, shape)
+        placed: jax.Array = (jax.device_put(local, sharded) if jax.process_count() == 1
+                             else jax.make_array_from_process_local_data(sharded, local, shape))
+        return placed
 
     stacked = jax.tree.map(lambda *xs: global_array(np.stack(xs)), *[p.arrays for p in parts])
     batch = ShardedBatch(stacked, global_array(example_map), jax.device_put(positions, replicated)
@@ -242,7 +251,8 @@ def assemble(parts: list[Batch], example_map: np.ndarray, positions: np.ndarray,
 
 def _replicated(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
     """``x`` (equal on every process) as a global array replicated over the mesh."""
-    return jax.make_array_from_process_local_data(sharding, x, x.shape)
+    replicated: jax.Array = jax.make_array_from_process_local_data(sharding, x, x.shape)
+    return replicated
 
 
 def local_devices(mesh: Mesh, axis: str) -> list[int]:
@@ -251,13 +261,13 @@ def local_devices(mesh: Mesh, axis: str) -> list[int]:
     return [d for d, device in enumerate(devices) if device.process_index == jax.process_index()]
 
 
-def apply_sharded(apply: Callable[..., Result], params: Any, batch: ShardedBatch,
+def apply_sharded(apply: Callable[..., Result], params: Params, batch: ShardedBatch,
                   key: jax.Array | None = None) -> Result:
     """``apply`` (the compiler's single-batch apply) on every device's part under ``shard_map``;
     outputs in the step's example order, metrics over every device."""
     axis, layout, owner = batch.axis, batch.layout, batch.owner
 
-    def local(params: Any, arrays: BatchArrays, example_map: jax.Array, key: jax.Array | None) -> tuple:
+    def local(params: Params, arrays: BatchArrays, example_map: jax.Array, key: jax.Array | None) -> _Parts:
         arrays = jax.tree.map(lambda x: x[0], arrays)
         example_map = example_map[0]
         if key is not None:
@@ -267,10 +277,11 @@ def apply_sharded(apply: Callable[..., Result], params: Any, batch: ShardedBatch
         for name, m in result.metrics.items():
             example = jnp.where(m.example >= 0, example_map[jnp.maximum(m.example, 0)], -1)
             metrics[name] = MetricValues.zero_padded(m.padded, m.mask & (example >= 0), example)
-        return jax.tree.map(lambda x: x[None], (result.outputs, metrics))
+        parts: _Parts = jax.tree.map(lambda x: x[None], (result.outputs, metrics))
+        return parts
 
     if key is None:
-        deterministic = jax.shard_map(lambda p, a, e: local(p, a, e, None), mesh=batch.mesh,
+        deterministic: Callable[..., _Parts] = jax.shard_map(lambda p, a, e: local(p, a, e, None), mesh=batch.mesh,
                                       in_specs=(P(), P(axis), P(axis)), out_specs=P(axis), check_vma=False)
         outputs, metrics = deterministic(params, batch.arrays, batch.example_map)
     else:

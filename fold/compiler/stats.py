@@ -17,7 +17,7 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 
@@ -69,7 +69,7 @@ class StatsRecorder:
         self._reset()
 
     def _reset(self) -> None:
-        self._layouts: collections.Counter = collections.Counter()
+        self._layouts: collections.Counter[BatchLayout] = collections.Counter()
         self._traces = 0
         self._nodes = 0
         self._computed = 0
@@ -100,7 +100,7 @@ class StatsRecorder:
 
     def snapshot(self, reset: bool) -> CompilerStats:
         with self._lock:
-            sizes: collections.Counter = collections.Counter()
+            sizes: collections.Counter[int] = collections.Counter()
             for layout, n in self._layouts.items():
                 sizes[layout.size_class] += n
             occ = self._occupancy
@@ -122,7 +122,7 @@ _listening: list[bool] = []
 _listening_lock = threading.Lock()
 
 
-def _on_duration(event: str, seconds: float, **_: Any) -> None:
+def _on_duration(event: str, seconds: float, **_: object) -> None:
     ref = getattr(_pending, "recorder", None)
     recorder = ref() if ref is not None else None
     if recorder is None or event not in _COMPILE_EVENTS:

@@ -54,16 +54,22 @@ import traceback
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from multiprocessing.process import BaseProcess
+from typing import TypeAlias
 
+from fold.scheduler.batch import Batch
+from fold.scheduler.builder import ExampleChunk
 from fold.scheduler.records import ByReference, RecordedExamples, next_serial
 
-__all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool"]
+__all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool", "Chunk", "Build"]
 
-# Builds the batch of one chunk of examples (``Compiler._build_batch``: NumPy only).
-Build = Callable[[Any], Any]
+Chunk: TypeAlias = RecordedExamples | ExampleChunk
+"""One batch's examples as the stream carries them: recorded, or Python examples with their indices."""
+
+Build: TypeAlias = Callable[[Chunk], Batch]
+"""Builds the batch of one chunk of examples (``Batcher.build_own``: NumPy only)."""
 
 _JOIN_SECONDS = 2.0  # how long a stopping worker may take to finish its batch before it is killed
 
@@ -77,7 +83,7 @@ class _RemoteTraceback(Exception):
     """Carries a worker's formatted traceback as the ``__cause__`` of its re-raised exception."""
 
     def __str__(self) -> str:
-        return self.args[0]
+        return str(self.args[0])
 
 
 # Built-in exceptions an error that cannot be pickled is sent as, the first it is an instance of.
@@ -108,7 +114,7 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None
     for c in inherited:
         c.close()  # other workers' parent ends: holding them would hide those pipes' end of file
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
-    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    jobs: queue.SimpleQueue[Chunk | ByReference | None] = queue.SimpleQueue()
 
     def read() -> None:
         try:
@@ -124,7 +130,7 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None
             try:
                 if isinstance(chunk, ByReference):
                     chunk = chunk.resolve()
-                message: tuple[bool, Any, str | None] = (True, build(chunk), None)
+                message: tuple[bool, Batch | BaseException, str | None] = (True, build(chunk), None)
             except Exception as e:
                 message = (False, _picklable(e), traceback.format_exc())
             conn.send(message)
@@ -148,7 +154,7 @@ class WorkerPool:
     def __init__(self, build: Build, n: int):
         ctx = multiprocessing.get_context("fork")
         self.conns: list[Connection] = []
-        self.procs: list[Any] = []
+        self.procs: list[BaseProcess] = []
         self.in_flight = 0
         self.born = next_serial()  # recordings made before this, the workers hold
         with warnings.catch_warnings():
@@ -174,13 +180,14 @@ class WorkerPool:
         """Whether this pool has ``n`` live workers and nothing in flight."""
         return len(self.procs) == n and self.in_flight == 0 and all(p.is_alive() for p in self.procs)
 
-    def submit(self, i: int, chunk: Any) -> None:
+    def submit(self, i: int, chunk: Chunk) -> None:
         """Sends job ``i``: build ``chunk``, a list of examples or recorded examples (by reference
         when the workers hold their recording: indices instead of arrays)."""
+        sent: Chunk | ByReference = chunk
         if isinstance(chunk, RecordedExamples):
-            chunk = chunk.by_reference(self.born) or chunk
+            sent = chunk.by_reference(self.born) or chunk
         try:
-            data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             raise TypeError(
                 f"num_workers > 0 sends each batch's examples to the worker processes by pickle, and "
@@ -192,7 +199,7 @@ class WorkerPool:
             raise self._died(i % len(self.conns)) from e
         self.in_flight += 1
 
-    def result(self, i: int) -> Any:
+    def result(self, i: int) -> Batch:
         """The batch of job ``i``, or its exception raised here."""
         w = i % len(self.conns)
         conn, proc = self.conns[w], self.procs[w]
@@ -205,6 +212,7 @@ class WorkerPool:
                     raise self._died(w) from e
                 self.in_flight -= 1
                 if ok:
+                    assert isinstance(value, Batch)
                     return value
                 value.__cause__ = _RemoteTraceback(f"\n\"\"\"\n{remote_tb}\"\"\"")
                 raise value
@@ -271,10 +279,8 @@ class IdlePool:
             pool.stop()
 
 
-_END = object()
-
-
-def _in_order(chunks: Iterable[Any], window: int, submit: Any, result: Any) -> Iterator[Any]:
+def _in_order(chunks: Iterable[Chunk], window: int, submit: Callable[[int, Chunk], object],
+              result: Callable[[int], Batch]) -> Iterator[Batch]:
     """``result(i)`` for the ``i``-th of ``chunks``, in order, keeping up to ``window`` jobs
     submitted ahead (``submit(i, chunk)``). ``chunks`` is read lazily, in the caller's thread:
     a stream of examples is taken only as far as the batches ahead need. An error reading it
@@ -285,10 +291,10 @@ def _in_order(chunks: Iterable[Any], window: int, submit: Any, result: Any) -> I
     while True:
         while reading and submitted - done < window:
             try:
-                chunk = next(pending, _END)
+                chunk = next(pending, None)
             except Exception as e:
-                chunk, error = _END, e
-            if chunk is _END:
+                chunk, error = None, e
+            if chunk is None:
                 reading = False
                 break
             submit(submitted, chunk)
@@ -301,9 +307,9 @@ def _in_order(chunks: Iterable[Any], window: int, submit: Any, result: Any) -> I
         done += 1
 
 
-def _with_threads(build: Build, chunks: Iterable[Any], num_workers: int, ahead: int) -> Iterator[Any]:
+def _with_threads(build: Build, chunks: Iterable[Chunk], num_workers: int, ahead: int) -> Iterator[Batch]:
     pool = ThreadPoolExecutor(num_workers)
-    pending: deque = deque()
+    pending: deque[Future[Batch]] = deque()
     try:
         yield from _in_order(chunks, num_workers + ahead,
                              lambda _, chunk: pending.append(pool.submit(build, chunk)),
@@ -312,8 +318,8 @@ def _with_threads(build: Build, chunks: Iterable[Any], num_workers: int, ahead: 
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _with_processes(build: Build, chunks: Iterable[Any], num_workers: int, ahead: int,
-                    idle: IdlePool) -> Iterator[Any]:
+def _with_processes(build: Build, chunks: Iterable[Chunk], num_workers: int, ahead: int,
+                    idle: IdlePool) -> Iterator[Batch]:
     pool = idle.take(build, num_workers)
     try:
         yield from _in_order(chunks, num_workers + ahead, pool.submit, pool.result)
@@ -325,8 +331,8 @@ def _with_processes(build: Build, chunks: Iterable[Any], num_workers: int, ahead
             pool.stop()
 
 
-def build_ahead(build: Build, chunks: Iterable[Any], num_workers: int, idle: IdlePool,
-                ahead: int = 2) -> Iterator[Any]:
+def build_ahead(build: Build, chunks: Iterable[Chunk], num_workers: int, idle: IdlePool,
+                ahead: int = 2) -> Iterator[Batch]:
     """Yields the batch of every chunk, in order, built in the background by ``build``: by
     ``num_workers`` workers of ``idle`` (threads where processes cannot be forked), or with
     ``num_workers == 0`` by one thread of this process, as one worker. ``chunks`` may be a lazy

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from fold.blocks.base import Repeat
 from fold.blocks.host import HostValue
 from fold.blocks.types import BroadcastSequenceType, SequenceType, TensorType, TupleType, Type, VoidType
+from fold.typing import PyObject
 
 __all__ = ["Batch", "BatchArrays", "BatchLayout", "BatchStats", "GroupArrays", "HostInfo", "MetricArrays"]
 
@@ -27,15 +28,15 @@ class BatchLayout(NamedTuple):
 
     size_class: int           # A
     num_examples: int         # B, exact
-    loop_ops: tuple           # operations with work items, sorted
-    hoist_ops: tuple          # operations with depth-1 groups, sorted
-    const_types: tuple        # arena types that have a constant table
-    tail_ops: tuple = ()      # operations of the groups run after the loop, in order
-    tail_sizes: tuple = ()    # their padded row counts (powers of two)
-    hoist_sizes: tuple = ()   # padded row counts of the hoisted groups (powers of two)
-    arena_rows: tuple = ()    # per arena type, rows before its C dump rows (powers of two <= A)
+    loop_ops: tuple[int, ...]           # operations with work items, sorted
+    hoist_ops: tuple[int, ...]          # operations with depth-1 groups, sorted
+    const_types: tuple[int, ...]        # arena types that have a constant table
+    tail_ops: tuple[int, ...] = ()      # operations of the groups run after the loop, in order
+    tail_sizes: tuple[int, ...] = ()    # their padded row counts (powers of two)
+    hoist_sizes: tuple[int, ...] = ()   # padded row counts of the hoisted groups (powers of two)
+    arena_rows: tuple[int, ...] = ()    # per arena type, rows before its C dump rows (powers of two <= A)
     chunk: int = 128          # C: the most rows of a work item, and each arena's dump rows
-    saved_rows: tuple = ()    # if the backward saves: per loop operation, rows of its saved buffers before C
+    saved_rows: tuple[int, ...] = ()    # if the backward saves: per loop operation, rows of its saved buffers before C
     #                           spill rows (set by fold/compiler/saving.py, not by the scheduler)
 
 
@@ -58,7 +59,7 @@ class MetricArrays(NamedTuple):
 class BatchArrays(NamedTuple):
     """The device side of a batch (a pytree of NumPy arrays)."""
 
-    consts: dict          # {str(type): [arena_rows[type], *shape]}: constants, for types that have any
+    consts: dict[str, np.ndarray]  # {str(type): [arena_rows[type], *shape]}: constants, for types that have any
     in_idx: np.ndarray    # [A + C, most inputs] int32: per node, the arena row of each input
     hoist: GroupArrays    # groups run before the loop, sorted by operation
     tail: GroupArrays     # groups run after the loop, in order
@@ -68,8 +69,8 @@ class BatchArrays(NamedTuple):
     items_out: np.ndarray     # [A, slots] int32: per output slot, the arena row it writes its C rows from
     items_saved: np.ndarray   # [A] int32: its offset in its operation's region of the saved buffers
     n_items: np.ndarray       # [] int32: the work items (iterations of the loop)
-    roots: list               # per root tensor leaf: [B] int32, each example's arena row
-    metrics: dict             # {metric name: MetricArrays}
+    roots: list[np.ndarray]   # per root tensor leaf: [B] int32, each example's arena row
+    metrics: dict[str, MetricArrays]  # {metric name: MetricArrays}
 
 
 class BatchStats(NamedTuple):
@@ -79,8 +80,8 @@ class BatchStats(NamedTuple):
     num_items: int            # loop work items (iterations of the while_loop)
     max_depth: int            # deepest node
     rows: int                 # arena rows used by the fullest type (<= size_class)
-    type_rows: tuple          # arena rows used, per arena type (constants and node outputs)
-    saved_rows: tuple = ()    # per loop operation, rows its items would save (fold/compiler/saving.py decides)
+    type_rows: tuple[int, ...]          # arena rows used, per arena type (constants and node outputs)
+    saved_rows: tuple[int, ...] = ()  # per loop operation, rows its items would save (fold/compiler/saving.py decides)
 
 
 class HostInfo(NamedTuple):
@@ -89,7 +90,7 @@ class HostInfo(NamedTuple):
     v_type: np.ndarray
     v_row: np.ndarray
 
-    def read(self, value: HostValue, t: Type, arenas: Mapping[int, np.ndarray]) -> Any:
+    def read(self, value: HostValue, t: Type, arenas: Mapping[int, np.ndarray]) -> PyObject:
         """Host value ``value`` of type ``t`` with its tensors read from the computed ``arenas``:
         tensors as NumPy arrays, tuples as tuples, sequences as lists, broadcast sequences as
         ``itertools.repeat``, void as None and Python objects as they are."""
@@ -123,7 +124,8 @@ class Batch:
     """
 
     def __init__(self, arrays: BatchArrays, layout: BatchLayout, host: HostInfo | None = None,
-                 stats: BatchStats | None = None, owner: str | None = None, metric_labels: dict | None = None):
+                 stats: BatchStats | None = None, owner: str | None = None,
+                 metric_labels: dict[str, list[PyObject]] | None = None):
         self.arrays = arrays
         self.layout = layout
         self.host = host  # per-value rows, kept for eval; not part of the pytree
@@ -152,11 +154,11 @@ class Batch:
         return f"Batch(examples={self.layout.num_examples}, size_class={self.layout.size_class}{nodes})"
 
 
-def _flatten_batch(b: Batch) -> tuple[tuple, tuple]:
+def _flatten_batch(b: Batch) -> tuple[tuple[BatchArrays], tuple[BatchLayout, str | None]]:
     return (b.arrays,), (b.layout, b.owner)
 
 
-def _unflatten_batch(static: tuple, children: tuple) -> Batch:
+def _unflatten_batch(static: tuple[BatchLayout, str | None], children: tuple[BatchArrays]) -> Batch:
     layout, owner = static
     return Batch(children[0], layout, owner=owner)
 

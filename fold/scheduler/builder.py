@@ -17,13 +17,13 @@ import contextlib
 import gc
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Hashable, Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from fold.blocks.base import Block
-from fold.blocks.host import ConstValue, ExampleLimits, Step
+from fold.blocks.host import ConstValue, ExampleLimits, HostValue, OpBlock, PyObject, Step
 from fold.blocks.types import TensorType
 from fold.scheduler.plan import host_plan
 from fold.scheduler.program import Program
@@ -94,13 +94,14 @@ class Recorded(NamedTuple):
     n_op: np.ndarray            # per node: operation index
     n_depth: np.ndarray         # depth (1 + the deepest input)
     n_inputs: np.ndarray        # input value ids of every node, node after node
-    consts: list                # per type: (values, shape (n, *type shape), zero where not filled; filled, (n,) bool)
-    metric_values: dict         # per metric: value id of each entry
-    metric_examples: dict       # per metric: example index of each entry
-    metric_labels: dict         # per labeled metric: each entry's label (a Python object; None if unlabeled)
+    # Per type: (values, shape (n, *type shape), zero where not filled; filled, (n,) bool).
+    consts: list[tuple[np.ndarray, np.ndarray]]
+    metric_values: dict[str, np.ndarray]  # per metric: value id of each entry
+    metric_examples: dict[str, np.ndarray]  # per metric: example index of each entry
+    metric_labels: dict[str, list[PyObject]]  # per labeled metric: each entry's label (None if unlabeled)
 
 
-def const_table(values: list, t: TensorType) -> tuple[np.ndarray, np.ndarray]:
+def const_table(values: Sequence[ConstValue], t: TensorType) -> tuple[np.ndarray, np.ndarray]:
     """One type's constants as ``(values, filled)`` (see ``Recorded.consts``); ``None`` is zeros."""
     n = len(values)
     filled = np.fromiter((v is not None for v in values), bool, n)
@@ -110,6 +111,18 @@ def const_table(values: list, t: TensorType) -> tuple[np.ndarray, np.ndarray]:
     if filled.any():
         table[filled] = np.asarray([v for v in values if v is not None], t.dtype).reshape(-1, *t.shape)
     return table, filled
+
+
+class _Mark(NamedTuple):
+    """How long the builder's lists and memos were when an example began (``_rollback``)."""
+
+    values: int
+    nodes: int
+    inputs: int
+    consts: list[int]
+    metrics: dict[str, int]
+    shared: int
+    cached: int
 
 
 class BatchBuilder:
@@ -142,15 +155,15 @@ class BatchBuilder:
         # (see gc_paused).
         self.metric_examples: dict[str, list[int]] = {name: [] for name in program.metric_types}
         self.metric_values: dict[str, list[int]] = {name: [] for name in program.metric_types}
-        self.metric_labels: dict[str, list[Any]] = {name: [] for name in program.labeled_metrics}
-        self._shared: dict[Any, int] = {}
+        self.metric_labels: dict[str, list[PyObject]] = {name: [] for name in program.labeled_metrics}
+        self._shared: dict[Hashable, int] = {}
         # Per-batch memo for blocks whose host value is the same every call (Zeros).
-        self.block_cache: dict[Any, Any] = {}
+        self.block_cache: dict[Hashable, HostValue] = {}
         # (declaration, input object) of each recursive call the walk is in (see ``recursing``).
         self.recursing: set[tuple[int, int]] = set()
         self._plan_run, self._callers, self._const_makers, self._release = host_plan(program).bind(self)
 
-    def run(self, x: Any) -> Any:
+    def run(self, x: PyObject) -> HostValue:
         """Records example ``x`` (index ``self.example_index``) and returns its host value.
 
         The plan is tried first; if it raises, everything it recorded for
@@ -197,7 +210,7 @@ class BatchBuilder:
 
     def arrays(self) -> Recorded:
         """What was recorded, as arrays."""
-        def ints(values: list) -> np.ndarray:
+        def ints(values: list[int]) -> np.ndarray:
             return np.asarray(values, np.int64)
 
         n_op = ints(self.n_op)
@@ -229,11 +242,11 @@ class BatchBuilder:
             v_type[vids], v_node[vids], v_pos[vids] = t, -1, np.arange(len(vids))
         return v_type, v_node, v_pos
 
-    def _mark(self) -> tuple:
-        return (len(self.v_depth), len(self.n_op), len(self.n_inputs), [len(c) for c in self.consts],
-                {k: len(v) for k, v in self.metric_values.items()}, len(self._shared), len(self.block_cache))
+    def _mark(self) -> _Mark:
+        return _Mark(len(self.v_depth), len(self.n_op), len(self.n_inputs), [len(c) for c in self.consts],
+                     {k: len(v) for k, v in self.metric_values.items()}, len(self._shared), len(self.block_cache))
 
-    def _rollback(self, mark: tuple) -> None:
+    def _rollback(self, mark: _Mark) -> None:
         n_values, n_nodes, n_flat, n_consts, n_metrics, n_shared, n_cached = mark
         del self.v_depth[n_values:]
         for nodes in (self.n_op, self.n_depth, self.n_first):
@@ -263,7 +276,7 @@ class BatchBuilder:
         self._shared.clear()
         self.block_cache.clear()
 
-    def const_shared(self, key: Any, ttype: TensorType, value: np.ndarray | None) -> int:
+    def const_shared(self, key: Hashable, ttype: TensorType, value: np.ndarray | None) -> int:
         """A constant stored once per batch, whichever example asks for it."""
         vid = self._shared.get(key)
         if vid is None:
@@ -298,11 +311,11 @@ class BatchBuilder:
         (``fold/scheduler/fusion.py``)."""
         return self.program.steps(pipe)
 
-    def call(self, block: Any, x: Any) -> Any:
+    def call(self, block: OpBlock, x: HostValue) -> HostValue:
         """Records one call of ``block``'s operation on host value ``x``."""
         return self._callers[self.program.block_ops[block]](x)
 
-    def metric(self, name: str, vid: int, label: Any = None) -> None:
+    def metric(self, name: str, vid: int, label: PyObject = None) -> None:
         """Records tensor ``vid`` as an entry of metric ``name`` for the current example, with
         ``label`` if the metric has labels."""
         self.metric_examples[name].append(self.example_index or 0)
@@ -319,8 +332,8 @@ class BatchBuilder:
         return depth
 
 
-def run_examples(program: Program, examples: Sequence[Any], indexed: bool = True,
-                 dataset_indices: Sequence[int] | None = None) -> tuple[BatchBuilder, list]:
+def run_examples(program: Program, examples: Sequence[PyObject], indexed: bool = True,
+                 dataset_indices: Sequence[int] | None = None) -> tuple[BatchBuilder, list[HostValue]]:
     """Records ``examples`` into a new builder of ``program``; returns it (finished) and each
     example's host value. Errors name each example's position in ``examples`` (``indexed``) or
     "the input" (one example given on its own), and its ``dataset_indices`` entry if given."""
@@ -342,5 +355,5 @@ class ExampleChunk(NamedTuple):
     """Examples of one batch with their indices in the dataset they came from (``Compiler.batches``),
     so that errors name the example the user can find."""
 
-    examples: list
+    examples: list[PyObject]
     indices: Sequence[int]

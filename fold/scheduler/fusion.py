@@ -16,12 +16,13 @@ what it returns. Depths count a fused operation once, so ``Compiler.for_eval`` (
 
 from __future__ import annotations
 
-from typing import Any
+import jax
 
 from fold.blocks.base import Block
-from fold.blocks.host import EmitContext, HostContext, Step
+from fold.blocks.host import EmitContext, HostContext, HostValue, Step
 from fold.blocks.plumbing import Pipe
 from fold.blocks.tensors import Concat, Function, OpSpec
+from fold.typing import PyTree
 
 __all__ = ["Fused", "fuse_pipes"]
 
@@ -41,7 +42,7 @@ class Fused:
         # Errors of a call are about its inputs, which the first member reads.
         return self.blocks[0]._path_name()
 
-    def _host_leaf(self, x: Any, ctx: HostContext) -> Any:
+    def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         return ctx.call(self, x)
 
     def _emit(self, em: EmitContext, x: str) -> str:
@@ -52,7 +53,7 @@ class Fused:
         specs = [b.op_spec() for b in self.blocks]  # type: ignore[attr-defined]
         layered = [s for s in specs if s.layer is not None]
 
-        def run(params: Any, rng: Any, *flat: Any) -> list:
+        def run(params: PyTree, rng: jax.Array | None, *flat: jax.Array) -> list[jax.Array]:
             for s in specs:
                 flat = s.fn(params if s.layer is not None else None, rng, *flat)
             return list(flat)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 
@@ -63,12 +63,18 @@ PLAN_AHEAD = 16
 # A planned size class holds the sample's mean need plus this many standard deviations.
 SPREAD = 4.0
 
+Ints: TypeAlias = tuple[int, ...]
+"""A layout's operations, or their padded row counts."""
+
+TypeShape: TypeAlias = tuple[tuple[int, ...], str]
+"""An arena type as the layouts see it: its shape and dtype."""
+
 # A batch is padded into a layout of at most this many times its own size class (before the
 # budget is spent): a larger size class costs larger index arrays and arenas, not more loop work.
 MAX_GROWTH = 2
 
 
-def _embed(ops: tuple, sizes: tuple, into_ops: tuple, into_sizes: tuple) -> list[int] | None:
+def _embed(ops: Ints, sizes: Ints, into_ops: Ints, into_sizes: Ints) -> list[int] | None:
     """Positions in ``into_ops`` that hold the groups ``ops`` in order, each with at least the
     rows ``sizes`` gives it, or None. Greedy earliest matching finds an embedding when one
     exists."""
@@ -83,7 +89,7 @@ def _embed(ops: tuple, sizes: tuple, into_ops: tuple, into_sizes: tuple) -> list
     return positions
 
 
-def _kind(layout: BatchLayout) -> tuple:
+def _kind(layout: BatchLayout) -> tuple[int, int, bool]:
     """What padding cannot change: the number of examples, ``C``, and whether the batch saves."""
     return layout.num_examples, layout.chunk, bool(layout.saved_rows)
 
@@ -115,8 +121,8 @@ def fits(need: BatchLayout, have: BatchLayout, max_growth: int | None = MAX_GROW
             and _embed(need.tail_ops, need.tail_sizes, have.tail_ops, have.tail_sizes) is not None)
 
 
-def _merge(a_ops: tuple, a_sizes: tuple, b_ops: tuple, b_sizes: tuple,
-           grow: Callable[[int, int], int]) -> tuple[tuple, tuple]:
+def _merge(a_ops: Ints, a_sizes: Ints, b_ops: Ints, b_sizes: Ints,
+           grow: Callable[[int, int], int]) -> tuple[Ints, Ints]:
     """A shortest sequence of groups that holds both ``a`` and ``b`` in order (their longest
     common subsequence of operations once), each group ``grow(a's rows, b's rows)`` (0 where it
     is not one of theirs)."""
@@ -177,7 +183,7 @@ def empty(layout: BatchLayout) -> BatchLayout:
                            arena_rows=(0,) * len(layout.arena_rows), saved_rows=(0,) * len(layout.saved_rows))
 
 
-def _grow(x: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
+def _grow(x: np.ndarray, n: int, fill: int | bool = 0) -> np.ndarray:
     """``x`` with its leading dimension padded to ``n`` with ``fill``."""
     out = np.full((n, *x.shape[1:]), fill, x.dtype)
     out[:len(x)] = x
@@ -194,7 +200,7 @@ def _pad_groups(groups: GroupArrays, positions: list[int] | None, n: int) -> Gro
     return out
 
 
-def pad_to(batch: Batch, layout: BatchLayout, type_shapes: Sequence[tuple[tuple, Any]]) -> Batch:
+def pad_to(batch: Batch, layout: BatchLayout, type_shapes: Sequence[TypeShape]) -> Batch:
     """``batch`` as a batch of ``layout``, which its own layout must fit (``fits``).
     ``type_shapes`` gives each arena type's row shape and dtype (for constant tables it lacks)."""
     need, a = batch.layout, batch.arrays
@@ -254,7 +260,7 @@ class LayoutPolicy:
     (see the module docstring). Host only; not thread-safe (the compiler calls it from the
     process that consumes the batches)."""
 
-    def __init__(self, type_shapes: Sequence[tuple[tuple, Any]], max_layouts: int):
+    def __init__(self, type_shapes: Sequence[TypeShape], max_layouts: int):
         self.type_shapes = list(type_shapes)
         self.max_layouts = max_layouts
         self.layouts: list[BatchLayout] = []
@@ -303,7 +309,7 @@ class LayoutPolicy:
             stats = [b.built_stats() for b in members]
             A = max(joined.size_class, next_pow2(_bound([max(s.rows, s.num_nodes) for s in stats])))
 
-            def bounded(have: tuple, needs: Sequence[Any], keep_zeros: bool = False) -> tuple:
+            def bounded(have: Ints, needs: Sequence[Sequence[int] | np.ndarray], keep_zeros: bool = False) -> Ints:
                 rows = [padded_rows(_bound(n)) if n.any() or not keep_zeros else 0
                         for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
                 return tuple(max(h, min(A, r)) for h, r in zip(have, rows))
@@ -359,7 +365,7 @@ def _bound(needs: Sequence[int] | np.ndarray) -> int:
     return int(np.ceil(max(x.max(), x.mean() + SPREAD * x.std(ddof=1 if len(x) > 1 else 0))))
 
 
-def _group_rows(groups: GroupArrays, ops: tuple, sizes: tuple, into_ops: tuple, into_sizes: tuple) -> np.ndarray:
+def _group_rows(groups: GroupArrays, ops: Ints, sizes: Ints, into_ops: Ints, into_sizes: Ints) -> np.ndarray:
     """Rows of each group of ``into_ops`` that a batch with ``groups`` (of ``ops`` and ``sizes``)
     fills once padded into them (0 where it has none)."""
     rows = np.zeros(len(into_ops), np.int64)
@@ -367,7 +373,7 @@ def _group_rows(groups: GroupArrays, ops: tuple, sizes: tuple, into_ops: tuple, 
     return rows
 
 
-def _cost(layout: BatchLayout) -> tuple:
+def _cost(layout: BatchLayout) -> tuple[int, int]:
     """Which of several fitting layouts to pad into: the smallest size class, then the fewest
     arena and group rows."""
     return (layout.size_class, sum(layout.arena_rows) + sum(layout.hoist_sizes) + sum(layout.tail_sizes))

@@ -28,14 +28,22 @@ import itertools
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from fold.blocks.base import Block
-from fold.blocks.host import Arm, Step
+from fold.blocks.control import ForwardDeclaration
+from fold.blocks.host import Arm, ConstValue, HostValue, OpBlock, PyObject, Step
 from fold.blocks.types import TensorType, TupleType, Type, fold_type
 from fold.scheduler.program import Program
 from fold.scheduler.walk import walk
+
+if TYPE_CHECKING:
+    from fold.scheduler.builder import BatchBuilder
+
+PlanEntries: TypeAlias = tuple[Callable[[PyObject, int], HostValue], list[Callable[[HostValue], HostValue]],
+                               list[Callable[[ConstValue], int]], Callable[[], None]]
+"""A plan bound to one builder: ``(run, callers, constant makers, release)`` (``HostPlan.bind``)."""
 
 __all__ = ["HostPlan", "Emitter", "TooDeep", "MAX_PLAN_DEPTH", "host_plan", "leaf_paths"]
 
@@ -59,7 +67,7 @@ def _tuple_expr(items: list[str]) -> str:
     return "(" + "".join(f"{item}, " for item in items) + ")"
 
 
-def value_expr(t: Any, first: str, leaf: Callable[[str], str] = lambda e: e,
+def value_expr(t: Type, first: str, leaf: Callable[[str], str] = lambda e: e,
                tup: Callable[[list[str]], str] = _tuple_expr,
                void: Callable[[], str] = lambda: "None") -> str:
     """An expression for the host value of type ``t`` whose tensor ids are ``first, first + 1, ...``.
@@ -67,7 +75,7 @@ def value_expr(t: Any, first: str, leaf: Callable[[str], str] = lambda e: e,
     ones that emit statements and return variables)."""
     counter = itertools.count()
 
-    def expr(t: Any) -> str:
+    def expr(t: Type) -> str:
         if isinstance(t, TensorType):
             k = next(counter)
             return leaf(f"{first} + {k}" if k else first)
@@ -99,13 +107,13 @@ class Emitter:
 
     def __init__(self, program: Program):
         self.program = program
-        self.namespace: dict[str, Any] = {"_walk": walk, "_TooDeep": TooDeep}
+        self.namespace: dict[str, object] = {"_walk": walk, "_TooDeep": TooDeep}
         self._bound: dict[int, str] = {}
         self._ids = itertools.count()
         self._lines: list[str] = []
         self._indent = 1
         self._functions: list[list[str]] = []
-        self._decl_functions: dict[Any, str] = {}
+        self._decl_functions: dict[ForwardDeclaration, str] = {}
         self._metrics: dict[str, int] = {}
         self._tuples: dict[str, list[str]] = {}  # variables holding tuples built here -> their items
         # Variables holding value ids made here -> their depth's variable ("0" for a constant), so
@@ -117,7 +125,7 @@ class Emitter:
         """A fresh local variable name."""
         return f"{prefix}{next(self._ids)}"
 
-    def bind(self, obj: Any, prefix: str = "k") -> str:
+    def bind(self, obj: object, prefix: str = "k") -> str:
         """A namespace name for ``obj`` (one per object)."""
         name = self._bound.get(id(obj))
         if name is None:
@@ -137,7 +145,7 @@ class Emitter:
         finally:
             self._indent -= 1
 
-    def literal(self, obj: Any) -> str:
+    def literal(self, obj: object) -> str:
         """``obj`` as an expression: ints and strings inline, anything else bound by name."""
         return repr(obj) if type(obj) in (int, str) else self.bind(obj)
 
@@ -147,7 +155,7 @@ class Emitter:
         self._tuples[v] = list(items)
         return v
 
-    def over_list(self, block: Any, x: str, out: str, start: Callable[[], str],
+    def over_list(self, block: Block, x: str, out: str, start: Callable[[], str],
                   step: Callable[[str], str]) -> None:
         """A loop over the elements ``e`` of list ``x``: ``out = start()``, then the
         statement ``step(e)`` per element. Any other ``x`` (a broadcast, a tuple, a
@@ -180,22 +188,22 @@ class Emitter:
         """Emits ``block`` run on the value in variable ``x``; returns its result's variable."""
         return block._emit(self, x)
 
-    def leaf(self, block: Any, x: str) -> str:
+    def leaf(self, block: Step, x: str) -> str:
         """A leaf run through its ``_host_leaf``."""
         return self.assign(f"{self.bind(block._host_leaf, 'h')}({x}, ctx)")
 
-    def walk(self, block: Any, x: str) -> str:
+    def walk(self, block: Block, x: str) -> str:
         """A composite block the plan does not know, run by the generic walk."""
         return self.assign(self.walk_call(block, x))
 
-    def walk_call(self, block: Any, x: str) -> str:
+    def walk_call(self, block: Block, x: str) -> str:
         return f"_walk({self.bind(block, 'b')}, {x}, ctx)"
 
     def steps(self, pipe: Block) -> Sequence[Step]:
         """The blocks ``pipe`` runs (see ``BatchBuilder.steps``)."""
         return self.program.steps(pipe)
 
-    def call(self, block: Any, x: str) -> str:
+    def call(self, block: OpBlock, x: str) -> str:
         """One call of ``block``'s operation on host value ``x``."""
         o = self.program.block_ops[block]
         # Inline: a Python call per node was a tenth of the plan's time.
@@ -217,14 +225,14 @@ class Emitter:
         return value_expr(self.program.ops[o].spec.out_type, first, leaf=leaf, tup=self.tuple,
                           void=lambda: self.assign("None"))
 
-    def item(self, x: str, key: Any) -> str:
+    def item(self, x: str, key: Hashable) -> str:
         """``x[key]``; for a tuple the plan built itself, the element's variable (no lookup at run time)."""
         items = self._tuples.get(x)
         if items is not None and type(key) is int and -len(items) <= key < len(items):
             return items[key]
         return self.assign(f"{x}[{self.literal(key)}]")
 
-    def const(self, ttype: Any, value: str) -> str:
+    def const(self, ttype: TensorType, value: str) -> str:
         """A new depth-0 constant of ``ttype`` holding the array that expression ``value`` makes
         (``const{t}`` inlined)."""
         v = self.var()
@@ -242,15 +250,16 @@ class Emitter:
         if name in self.program.labeled_metrics:
             self.line(f"metric_label{i}.append({label})")
 
-    def recurse(self, decl: Any, x: str) -> str:
+    def recurse(self, decl: ForwardDeclaration, x: str) -> str:
         """A call of ``decl``'s target, generated once as its own function."""
         fn = self._decl_functions.get(decl)
         if fn is None:
             fn = self._decl_functions[decl] = self.var("decl")
+            assert decl.target is not None  # build_program refuses unresolved declarations
             self._function(fn, decl.target, check_depth=True)
         return self.assign(f"{fn}({x}, depth + 1)")
 
-    def _function(self, name: str, block: Any, check_depth: bool) -> None:
+    def _function(self, name: str, block: Block, check_depth: bool) -> None:
         saved = self._lines, self._indent
         self._lines, self._indent = [], 1
         self.line(f"def {name}(x, depth):")
@@ -319,7 +328,7 @@ class Emitter:
         return [f"table{t}, vids{t} = consts[{t}], const_vids[{t}]", f"def const{t}(value):",
                 *("    " + text for text in _const_lines(t, "value", "vid")), "    return vid"]
 
-    def source(self, root: Any) -> str:
+    def source(self, root: Block) -> str:
         """The module: ``_make(ctx)`` returns ``(run, callers, constant makers, release)`` bound to
         one builder; ``release()`` ends that binding."""
         self._function("run", root, check_depth=False)
@@ -360,9 +369,10 @@ class HostPlan:
         self.source = em.source(program.root)
         namespace = em.namespace
         exec(compile(self.source, "<fold host plan>", "exec"), namespace)  # noqa: S102 (generated)
-        self._make = namespace["_make"]
+        # The generated module's entry point (``Emitter.source``).
+        self._make = cast("Callable[[BatchBuilder], PlanEntries]", namespace["_make"])
 
-    def bind(self, builder: Any) -> tuple[Any, list, list, Any]:
+    def bind(self, builder: BatchBuilder) -> PlanEntries:
         """``(run, callers, makers, release)`` writing to ``builder``: ``run(x, 0)`` records one
         example, ``callers[o](x)`` one call of operation ``o``, ``makers[t](value)`` one constant of
         type ``t``; ``release()`` breaks the reference cycles between them once recording is done."""

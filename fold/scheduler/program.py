@@ -76,6 +76,10 @@ class Program:
         column in the scheduler's out-start tables.
       pipe_steps: per pipe with fused runs, its steps (blocks and fused runs).
       layers: per layer name, the layer and its input type.
+      layer_seeds: per layer name, what its initial values are drawn under: its
+        own name if it was given one, else its class's numbered among the
+        model's layers (``fc``, ``fc_1``, ...), so that they do not depend on
+        how many layers the process made before.
       metric_types: per metric name (sorted), the tensor type of its values.
       labeled_metrics: the metric names some ``Metric`` records with labels.
       root_leaves: the tensor types of the root's output leaves, in order
@@ -92,6 +96,7 @@ class Program:
     slot_index: Mapping[Slot, int]
     pipe_steps: Mapping[Block, Sequence[Step]]
     layers: Mapping[str, tuple[Layer, Type]]
+    layer_seeds: Mapping[str, str]
     metric_types: Mapping[str, TensorType]
     labeled_metrics: frozenset[str]
     root_leaves: tuple[TensorType, ...]

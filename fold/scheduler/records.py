@@ -21,13 +21,14 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from fold.blocks.tensors import flatten_value
 from fold.scheduler.builder import BatchBuilder, Recorded, gc_paused
 from fold.scheduler.schedule import check_constants
+from fold.typing import PyObject
 
 if TYPE_CHECKING:
     from fold.scheduler.program import Program
@@ -45,7 +46,7 @@ class _Data(NamedTuple):
     node_start: np.ndarray
     in_start: np.ndarray
     const_start: np.ndarray  # (examples + 1, types)
-    metric_start: dict       # per metric name
+    metric_start: dict[str, np.ndarray]  # per metric name
 
 
 def _ranges(starts: np.ndarray, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +107,7 @@ def _renumber(d: _Data, sign: int) -> tuple[Recorded, np.ndarray]:
 
 # The recordings alive in this process, by serial number. A worker forked after a recording was made
 # holds a copy of it, so the consumer can send that worker indices instead of arrays (``ByReference``).
-_recordings: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_recordings: weakref.WeakValueDictionary[int, _Store] = weakref.WeakValueDictionary()
 _serials = itertools.count()
 
 
@@ -188,7 +189,7 @@ class RecordedExamples:
     def __repr__(self) -> str:
         return f"RecordedExamples({len(self)} examples)"
 
-    def __getitem__(self, key: Any) -> RecordedExamples:
+    def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> RecordedExamples:
         if isinstance(key, slice):
             return RecordedExamples(self._store, self._owner, self._index[key])
         if isinstance(key, (int, np.integer)):
@@ -213,11 +214,12 @@ class RecordedExamples:
         whole = len(self._index) == len(d.roots) and np.array_equal(self._index, np.arange(len(d.roots)))
         return d if whole else _subset(d, self._index)
 
-    def __getstate__(self) -> dict:
-        return {"data": self._selected(), "owner": self._owner}
+    def __getstate__(self) -> tuple[_Data, str]:
+        return self._selected(), self._owner
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(_Store(state["data"]), state["owner"])  # type: ignore[misc]
+    def __setstate__(self, state: tuple[_Data, str]) -> None:
+        data, owner = state
+        self.__init__(_Store(data), owner)  # type: ignore[misc]
 
     def merged(self) -> tuple[Recorded, list[np.ndarray]]:
         """The selected examples as one batch's recorded work, and its root ids per root leaf."""
@@ -225,7 +227,7 @@ class RecordedExamples:
         return rec, [roots[:, leaf] for leaf in range(roots.shape[1])]
 
 
-def record(program: Program, examples: Iterable[Any], owner: str,
+def record(program: Program, examples: Iterable[PyObject], owner: str,
            dataset_indices: Sequence[int] | None = None) -> RecordedExamples:
     """Walks every example once (see ``Compiler.record``); ``owner`` identifies the compiler;
     errors name an example by its ``dataset_indices`` entry if given. Raises ``InvalidConstant``

@@ -26,7 +26,8 @@ its rows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -185,9 +186,9 @@ class _Chunks(NamedTuple):
     """Groups cut into chunks (one per hoisted or tail group, ``C`` rows per loop item), each with
     its output rows (``_cut``)."""
 
-    group: list           # per chunk: its group
-    start: list           # its first position in sorted order
-    count: list  # type: ignore[assignment]  # a NamedTuple field named like tuple's method: its nodes
+    group: list[int]      # per chunk: its group
+    start: list[int]      # its first position in sorted order
+    count: list[int]  # type: ignore[assignment]  # a NamedTuple field named like tuple's method: its nodes
     base: np.ndarray      # [chunks, most outputs]: first arena row of each output
     type_rows: np.ndarray  # [types]: rows each arena uses (constants and outputs)
 
@@ -305,16 +306,17 @@ def _input_rows(program: Program, rec: Recorded, groups: _Groups, v_row: np.ndar
 class _Items(NamedTuple):
     """The loop's work items (``_items``), one per loop chunk, in loop order."""
 
-    loop_ops: tuple      # operations with items, sorted
-    branch: list         # per item: loop_ops position * item sizes + size position
-    node: list           # its first node
-    count: list  # type: ignore[assignment]  # a NamedTuple field named like tuple's method: its nodes
-    out: list            # per output slot, the row its C rows go to
-    saved: list          # its offset in its operation's saved rows
-    saved_rows: list     # per loop operation: rows its items' saved chunks take
+    loop_ops: tuple[int, ...]  # operations with items, sorted
+    branch: list[int]    # per item: loop_ops position * item sizes + size position
+    node: list[int]      # its first node
+    count: list[int]  # type: ignore[assignment]  # a NamedTuple field named like tuple's method: its nodes
+    out: list[np.ndarray]  # per output slot, the row its C rows go to
+    saved: list[int]     # its offset in its operation's saved rows
+    saved_rows: list[int]  # per loop operation: rows its items' saved chunks take
 
 
-def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, out_starts: Any) -> _Items:
+def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int,
+           out_starts: Callable[[int, np.ndarray], np.ndarray]) -> _Items:
     """Work items: one per loop chunk, size C or the next power of two >= 8. With saving, each loop
     operation's items keep what they save in rows of its own, one item after another in loop
     order (see ``Executor._saved_starts``)."""
@@ -337,7 +339,7 @@ def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, out_s
     return out
 
 
-def _item_arrays(items: _Items, A: int, dump_row: np.ndarray) -> tuple:
+def _item_arrays(items: _Items, A: int, dump_row: np.ndarray) -> tuple[np.ndarray, ...]:
     """``items_branch``, ``items_node``, ``items_count``, ``items_out`` and ``items_saved``, each
     padded to ``A`` items."""
     n = len(items.branch)
@@ -365,7 +367,7 @@ def _metric_arrays(rec: Recorded, v_row: np.ndarray, A: int) -> dict[str, Metric
     return metrics
 
 
-def _const_tables(rec: Recorded, arena_rows: tuple) -> dict[str, np.ndarray]:
+def _const_tables(rec: Recorded, arena_rows: tuple[int, ...]) -> dict[str, np.ndarray]:
     """Constant tables, for types with a non-zero constant, ``arena_rows[t]`` rows each."""
     consts = {}
     for t, (values, filled) in enumerate(rec.consts):
@@ -399,12 +401,12 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
     v_row = _value_rows(rec, groups, chunks)
 
     def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
-        row = dump_row.copy()  # slots the op lacks write their (zero) chunk to the dump rows
+        row: np.ndarray = dump_row.copy()  # slots the op lacks write their (zero) chunk to the dump rows
         for j, slot in enumerate(program.ops[o].out_slots):
             row[slot_of[slot]] = base_row[j]
         return row
 
-    def whole_groups(chosen: list[int]) -> tuple[tuple, GroupArrays]:
+    def whole_groups(chosen: list[int]) -> tuple[tuple[int, ...], GroupArrays]:
         """Operations and arrays of chunks that run whole (hoisted or tail)."""
         ops = tuple(int(groups.g_op[chunks.group[c]]) for c in chosen)
         out = np.asarray([out_starts(o, chunks.base[c]) for o, c in zip(ops, chosen)], np.int32)

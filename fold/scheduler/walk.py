@@ -8,12 +8,12 @@ its natural type, prefixed by the example's index and the block path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import jax
 
 from fold.blocks.base import Block
-from fold.blocks.host import HostContext
+from fold.blocks.host import HostContext, HostValue, HostWalk, PyObject, Step
 from fold.errors import LeafError
 
 __all__ = ["walk", "InputError"]
@@ -32,6 +32,17 @@ class InputError:
     attribute = "_fold_input_error"
 
 
+class _Frame:
+    """A composite block the walk is in: its host walk, and the label of the child it runs."""
+
+    __slots__ = ("walk", "block", "label")
+
+    def __init__(self, walk: HostWalk, block: Block):
+        self.walk = walk
+        self.block = block
+        self.label: PyObject = None
+
+
 # Blocks shown at each end of an error's block path; the ones between are counted.
 PATH_ENDS = 12
 
@@ -42,16 +53,16 @@ def _message(e: BaseException) -> str:
     return str(e)
 
 
-def _rewrap(e: BaseException, stack: list, block: Block, where: str) -> BaseException:
+def _rewrap(e: BaseException, stack: list[_Frame], block: Step, where: str) -> BaseException:
     if getattr(e, InputError.attribute, False):
         return e
     parts = [label if isinstance(label, str) else label[0].format(*label[1:])
-             for _, _, label in stack if label is not None]
+             for label in (frame.label for frame in stack) if label is not None]
     parts.append(block._path_name())
     if len(parts) > 2 * PATH_ENDS:  # a deep recursion: its start and where it failed say enough
         parts[PATH_ENDS:-PATH_ENDS] = [f"... {len(parts) - 2 * PATH_ENDS} blocks ..."]
     path = " > ".join(parts)
-    cls: type = type(e)
+    cls: type[BaseException] = type(e)
     message = _message(e)
     if isinstance(e, _TRACED):
         cls, message = TypeError, ("the example holds a traced JAX value, not data: batches are built on the host, "
@@ -76,18 +87,18 @@ def _rewrap(e: BaseException, stack: list, block: Block, where: str) -> BaseExce
     return new
 
 
-def _reraise(e: BaseException, stack: list, block: Block, where: str) -> None:
+def _reraise(e: BaseException, stack: list[_Frame], block: Step, where: str) -> None:
     new = _rewrap(e, stack, block, where)
     if new is e:
         raise e
     raise new from e
 
 
-def walk(root: Block, x: Any, ctx: HostContext) -> Any:
+def walk(root: Block, x: HostValue, ctx: HostContext) -> HostValue:
     """Evaluates ``root`` on host value ``x``, recording tensor work in ``ctx``."""
-    stack: list = []  # frames: [generator, block, label of the child being run]
-    pending: tuple | None = (root, x)
-    value: Any = None
+    stack: list[_Frame] = []
+    pending: tuple[Step, HostValue] | None = (root, x)
+    value: HostValue = None
     while True:
         if pending is not None:
             block, arg = pending
@@ -96,27 +107,28 @@ def walk(root: Block, x: Any, ctx: HostContext) -> Any:
                 try:
                     value = block._host_leaf(arg, ctx)
                 except LeafError as e:  # inside a leaf Pipe
-                    _reraise(e.error, stack, e.block, ctx.where())
+                    _reraise(e.error, stack, cast(Step, e.block), ctx.where())  # run_leaf wraps a step's error
                 except Exception as e:
                     _reraise(e, stack, block, ctx.where())
             else:
-                stack.append([block._host(arg, ctx), block, None])
+                assert isinstance(block, Block)  # only blocks are composites
+                stack.append(_Frame(block._host(arg, ctx), block))
                 value = None
         if not stack:
             return value
         frame = stack[-1]
-        frame[2] = None
+        frame.label = None
         try:
-            child, arg, label = frame[0].send(value)
+            child, arg, label = frame.walk.send(value)
         except StopIteration as stop:
             stack.pop()
             value = stop.value
             continue
         except LeafError as e:
-            frame[2] = e.label
-            _reraise(e.error, stack, e.block, ctx.where())
+            frame.label = e.label
+            _reraise(e.error, stack, cast(Step, e.block), ctx.where())  # run_leaf wraps a step's error
         except Exception as e:
             stack.pop()
-            _reraise(e, stack, frame[1], ctx.where())
-        frame[2] = label
+            _reraise(e, stack, frame.block, ctx.where())
+        frame.label = label
         pending = (child, arg)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +16,7 @@ from tests.models import sigmoid
 
 
 def test_fc_matches_numpy_and_accepts_tuples():
-    fc = fd.FC(3, activation=jnp.tanh)
+    fc = fd.FC(3, activation=jnp.tanh, name="fc")
     block = (fd.Vector(2), fd.Vector(1)) >> fd.Function(fc)
     compiler = fd.Compiler.create(block)
     params = compiler.init(jax.random.key(0))
@@ -37,7 +40,7 @@ def test_embedding_modulo_and_initializer():
 
 
 def test_lstm_cell_matches_numpy():
-    cell = fd.LSTMCell(3, forget_bias=0.5)
+    cell = fd.LSTMCell(3, forget_bias=0.5, name="lstm_cell")
     block = (fd.Vector(2), (fd.Vector(3), fd.Vector(3))) >> fd.Function(cell)
     compiler = fd.Compiler.create(block >> fd.GetItem(0))
     params = compiler.init(jax.random.key(2))
@@ -60,14 +63,48 @@ def test_gru_and_tree_lstm_state_types():
         (fd.Vector(2), fd.Vector(5)) >> fd.GRUCell(4)
 
 
-def test_default_names_are_snake_case_and_deterministic():
+def test_default_names_exist_at_construction_and_differ():
     fc1, fc2 = fd.FC(2), fd.FC(2)
-    block = fd.Vector(2) >> fc1 >> fc2
-    compiler = fd.Compiler.create(block)
-    assert sorted(compiler.init(jax.random.key(0))) == ["fc", "fc_1"]
-    assert (fc1.name, fc2.name) == ("fc", "fc_1")
+    assert fc1.name != fc2.name and fc1.name.startswith("fc") and fc2.name.startswith("fc")  # as in Fold
+    assert fc1.has_default_name and not fd.FC(2, name="enc").has_default_name
+    compiler = fd.Compiler.create(fd.Vector(2) >> fc1 >> fc2)
+    assert sorted(compiler.init(jax.random.key(0))) == sorted([fc1.name, fc2.name])
     assert snake_case("BinaryTreeLSTMCell") == "binary_tree_lstm_cell"
     assert snake_case("GRUCell") == "gru_cell" and snake_case("MyLayer") == "my_layer"
+
+
+def test_initial_values_do_not_depend_on_the_layers_made_before():
+    def model() -> fd.Compiler:
+        return fd.Compiler.create(fd.Vector(2) >> fd.FC(3) >> fd.FC(1, name="out"))
+
+    first = model()
+    fd.FC(5), fd.Embedding(3, 2)  # shift the default numbers
+    second = model()
+    assert sorted(first.program.layer_seeds.values()) == sorted(second.program.layer_seeds.values()) == ["fc", "out"]
+    a, b = first.init(jax.random.key(0)), second.init(jax.random.key(0))
+    assert a.keys() != b.keys()  # the default name differs ...
+    in_model_order = [sorted(p, key=c.program.layer_seeds.__getitem__) for p, c in ((a, first), (b, second))]
+    for name_a, name_b in zip(*in_model_order):
+        for x, y in zip(jax.tree_util.tree_leaves(a[name_a]), jax.tree_util.tree_leaves(b[name_b])):
+            np.testing.assert_array_equal(x, y)  # ... the values do not
+
+
+FRESH_PROCESS_NAMES = """
+import fold as fd
+a, b, c = fd.FC(2), fd.FC(2, name="fc_2"), fd.Embedding(3, 2)
+inner, later = fd.FC(3), fd.FC(1)
+sub = fd.Vector(2) >> inner
+fd.Compiler.create(sub)  # compiling a sub-model first renames nothing
+fd.Compiler.create(fd.Record((sub, fd.Vector(2) >> a >> later)))
+print(a.name, b.name, c.name, inner.name, later.name)
+"""
+
+
+def test_default_names_are_the_same_in_every_fresh_process():
+    runs = [subprocess.run([sys.executable, "-c", FRESH_PROCESS_NAMES], capture_output=True, text=True, check=True,
+                           timeout=120).stdout.split() for _ in range(2)]
+    # In order of construction, per class; a name passed explicitly (fc_2) is skipped.
+    assert runs[0] == runs[1] == ["fc", "fc_2", "embedding", "fc_1", "fc_3"]
 
 
 def test_explicit_names_and_duplicates():
@@ -77,7 +114,7 @@ def test_explicit_names_and_duplicates():
 
 
 def test_shared_layer_shares_params_across_roots():
-    shared = fd.FC(2)
+    shared = fd.FC(2, name="fc")
     a = fd.Vector(2) >> shared
     b = fd.Record((fd.Vector(3) >> fd.FC(2, name="other"), fd.Vector(2) >> shared)) >> fd.GetItem(1)
     params = fd.Compiler.create(b).init(jax.random.key(0))
@@ -90,7 +127,7 @@ def test_shared_layer_shares_params_across_roots():
 
 def test_a_layer_reads_in_a_composition_as_it_pipes():
     # It raised AttributeError: 'FC' object has no attribute 'reads'.
-    fc = fd.FC(2, activation=jnp.tanh)
+    fc = fd.FC(2, activation=jnp.tanh, name="fc")
     c = fd.Composition()
     with c.scope():
         x, y = fd.Vector(2).reads(c.input[0]), fd.Vector(2).reads(c.input[1])
@@ -146,7 +183,7 @@ def test_an_init_that_returns_no_arrays_is_named():
 
 
 def test_wrong_params_shape_is_a_clear_error():
-    block = fd.Vector(2) >> fd.FC(2)
+    block = fd.Vector(2) >> fd.FC(2, name="fc")
     compiler = fd.Compiler.create(block)
     assert compiler.init(jax.random.key(0))["fc"]["w"].shape == (2, 2)
     bad = {"fc": {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}}
@@ -221,7 +258,7 @@ def test_fc_normalization_runs_between_the_affine_map_and_the_activation():
     np.testing.assert_allclose(compiler.apply(params, compiler.build_batch(x.tolist())).outputs, np.tanh(y),
                                rtol=1e-5, atol=1e-6)
     assert fc.output_size == 4 and fc.weights(params).shape == (3, 4)
-    with pytest.raises(ValueError, match="has no name yet"):
+    with pytest.raises(KeyError, match="params has no entry 'fc.*' for this FC"):
         fd.FC(2).weights(params)
     with pytest.raises(TypeError, match="normalization_fn must be callable"):
         fd.FC(2, normalization_fn=3)

@@ -44,7 +44,7 @@ def test_fold_is_left_fold():
 
 
 def test_rnn_with_gru_matches_manual_loop():
-    cell = fd.GRUCell(3)
+    cell = fd.GRUCell(3, name="gru_cell")
     block = fd.Map(fd.Vector(2)) >> fd.RNN(cell)
     compiler = fd.Compiler.create(block >> fd.GetItem(1))
     params = compiler.init(jax.random.key(0))
@@ -155,7 +155,7 @@ def test_pools_take_a_tuple_of_one_type(pool, reference):
 
 
 def test_map_fold_and_reduce_take_a_tuple_and_train():
-    fc, cell = fd.FC(3, activation=jnp.tanh), fd.FC(3, activation=jnp.tanh)
+    fc, cell = fd.FC(3, activation=jnp.tanh, name="fc"), fd.FC(3, activation=jnp.tanh, name="fc_1")
     items = fd.Record((fd.Vector(2), fd.Vector(2), fd.Vector(2)))
     model = items >> fd.AllOf(
         fd.Map(fd.Function(fc)) >> fd.Sum(),

@@ -124,7 +124,7 @@ def test_padded_rows_stay_finite_with_saved_rows():
     """Padded rows of an item reuse its first row, also for the saved matmul outputs: with
     ``log(y ** 2)`` (infinite derivative at 0) after the FC's matmul the gradients stay finite
     and equal the recomputing backward's."""
-    fc = fd.FC(1, activation=lambda y: jnp.log(y ** 2))
+    fc = fd.FC(1, activation=lambda y: jnp.log(y ** 2), name="fc")
     model = fd.Map(fd.Vector(1)) >> fd.Fold(fd.Function(fc), fd.FromTensor(np.ones(1, np.float32))) \
         >> fd.Function(lambda y: y[:, 0])
     examples = [[[3.0]] * n for n in (1, 3, 6, 2)]

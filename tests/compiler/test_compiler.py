@@ -167,7 +167,7 @@ def test_a_dataset_with_only_getitem_and_len_is_a_sequence_of_examples():
     (lambda p: dict(p, extra=jnp.zeros(2)), r"params\['fc'\] has structure"),
 ])
 def test_params_of_another_shape_or_dtype_are_refused(change, message):
-    compiler = fd.Compiler.create(fd.Vector(3) >> fd.FC(4))
+    compiler = fd.Compiler.create(fd.Vector(3) >> fd.FC(4, name="fc"))
     params = compiler.init(jax.random.key(0))
     batch = compiler.build_batch([[1.0, 2.0, 3.0]])
     with pytest.raises(TypeError, match=message):

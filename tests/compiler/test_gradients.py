@@ -59,7 +59,7 @@ def test_grad_matches_finite_differences_and_reference(name):
 
 def test_padding_never_leaks_nan_into_gradients():
     """log and sqrt(|x|) are not finite at 0: padded rows must never reach them."""
-    fc = fd.FC(1, activation=None)
+    fc = fd.FC(1, activation=None, name="fc")
     elem = (fd.Scalar() >> fd.Function(lambda x: x[:, None]) >> fd.Function(fc)
             >> fd.Function(lambda y: jnp.log(y[:, 0] ** 2) + jnp.sqrt(jnp.abs(y[:, 0]))))
     step = fd.Function(lambda acc, y: acc + jnp.log(jnp.abs(acc) + 1.0) * y)
@@ -84,8 +84,8 @@ def test_padding_never_leaks_nan_into_gradients():
 
 def test_non_trainable_layer_gets_zero_gradient():
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
-    embed = fd.Embedding(4, 3, initializer=table, trainable=False)
-    fc = fd.FC(2)
+    embed = fd.Embedding(4, 3, initializer=table, trainable=False, name="embedding")
+    fc = fd.FC(2, name="fc")
     model = fd.Map(fd.Scalar("int32") >> fd.Function(embed) >> fd.Function(fc)) >> fd.Sum()
     compiler = fd.Compiler.create(model)
     params = compiler.init(jax.random.key(0))
@@ -122,7 +122,7 @@ def test_training_with_optax_reduces_loss():
 
 def test_integer_values_computed_inside_the_loop():
     """An op with an int output in the loop (argmax -> embedding) has no cotangent but works."""
-    embed, fc = fd.Embedding(5, 3), fd.FC(5)
+    embed, fc = fd.Embedding(5, 3, name="embedding"), fd.FC(5, name="fc")
     elem = (fd.Vector(2) >> fd.Function(fc) >> fd.Function(lambda h: jnp.argmax(h, -1).astype(jnp.int32))
             >> fd.Function(embed))
     model = fd.Map(elem) >> fd.Fold(fd.Function(lambda a, x: a * 0.5 + x), fd.Zeros((3,)))

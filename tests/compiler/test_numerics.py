@@ -35,7 +35,7 @@ def test_an_operation_that_makes_nan_is_named():
 def test_an_infinite_gradient_is_named_by_its_own_example():
     """sqrt(|FC(0)|) is finite but its gradient is not; batched, it poisons the other examples'
     gradients too, so each example's gradient is taken in a batch of its own."""
-    model = fd.Map(fd.Scalar() >> fd.Function(lambda x: x[:, None]) >> fd.FC(1, activation=None)
+    model = fd.Map(fd.Scalar() >> fd.Function(lambda x: x[:, None]) >> fd.FC(1, activation=None, name="fc")
                    >> fd.Function(lambda y: jnp.sqrt(jnp.abs(y[:, 0])))) >> fd.Sum()
     compiler = fd.Compiler.create(model)
     params = compiler.init(jax.random.key(0))
