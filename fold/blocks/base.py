@@ -77,6 +77,22 @@ def scope_stack() -> list[Composition]:
     return stack
 
 
+def outline(block: Block, depth: int = 3, width: int = 100) -> str:
+    """``block`` with its children, ``depth`` levels down, on one line of at most ``width``
+    characters: ``Pipe(Vector >> Function(FC))``, so that errors can tell two blocks of one
+    class apart."""
+
+    def text(b: Block, depth: int) -> str:
+        kids = b.children()
+        if not kids or depth == 0 or b._refers_to_children:
+            return repr(b)
+        sep = " >> " if type(b).__name__ == "Pipe" else ", "
+        return f"{b!r}({sep.join(text(k, depth - 1) for k in kids)})"
+
+    out = text(block, depth)
+    return out if len(out) <= width else out[: width - 3] + "..."
+
+
 def current_composition() -> Composition | None:
     """The innermost ``Composition`` whose ``scope()`` is active, or None."""
     stack = scope_stack()
@@ -243,8 +259,10 @@ class Block(metaclass=_BlockMeta):
         child = convert_to_block(like)
         if child._parent is not None and not child._parent._refers_to_children:
             raise ValueError(
-                f"{child!r} is already used inside {child._parent!r}; a block may appear in "
-                "one place only (create a new block; layers can be shared)"
+                f"{outline(child)} is already used inside {outline(child._parent)} and cannot also go "
+                f"into this {type(self).__name__}: a block may appear in one place only. Build one block per place (a "
+                "function that returns a new block, called once per place); a layer may be shared "
+                "(its uses share its parameters)"
             )
         if child._composition is not None:
             if child._composition._is_wired(child):

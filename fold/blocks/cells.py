@@ -71,7 +71,25 @@ class _LSTMFamily(_Cell):
 
 
 class LSTMCell(_LSTMFamily):
-    """LSTM cell: ``(x, (c, h)) -> (h', (c', h'))`` with a forget-gate bias (default 1)."""
+    """LSTM cell: ``(x, (c, h)) -> (h', (c', h'))`` with a forget-gate bias (default 1).
+
+    Parameters (``H = num_units``, ``X`` the input size; a tuple of input
+    vectors is concatenated first): ``w`` of shape ``(X + H, 4H)``, applied
+    to ``[x; h]`` (input rows first), and ``b`` of shape ``(4H,)``, zero at
+    first. The four column blocks of ``[x; h] @ w + b`` are, in order, the
+    input gate ``i``, the forget gate ``f``, the candidate ``g`` and the
+    output gate ``o`` (the order of PyTorch's ``nn.LSTM`` and Keras' ``LSTM``)::
+
+        c' = sigmoid(f + forget_bias) * c + sigmoid(i) * tanh(g)
+        h' = sigmoid(o) * tanh(c')
+
+    ``forget_bias`` is added in ``apply``, not stored in ``b``. With
+    ``recurrent_dropout``, ``tanh(g)`` is dropped out (Semeniuta et al.
+    2016) when ``apply`` gets a key. To load weights kept as PyTorch's
+    ``nn.LSTM`` keeps them (``weight_ih`` ``(4H, X)``, ``weight_hh``
+    ``(4H, H)``, gates ``i, f, g, o``): ``w = concatenate([weight_ih.T,
+    weight_hh.T])``, ``b = bias_ih + bias_hh``, with ``forget_bias=0``.
+    """
 
     def init(self, key: jax.Array, input_type: Type) -> Weights:
         x, state = self._split_input(input_type)
@@ -93,7 +111,20 @@ class LSTMCell(_LSTMFamily):
 
 
 class GRUCell(_Cell):
-    """GRU cell: ``(x, h) -> (h', h')`` with ``h' = z * h + (1 - z) * tanh(...)``."""
+    """GRU cell: ``(x, h) -> (h', h')`` (Cho et al. 2014, the reset gate before the matmul).
+
+    Parameters (``H = num_units``, ``X`` the input size): ``w_gates``
+    ``(X + H, 2H)`` and ``b_gates`` ``(2H,)``, whose column blocks are the
+    reset gate ``r`` then the update gate ``z``; ``w_cand`` ``(X + H, H)``
+    and ``b_cand`` ``(H,)`` for the candidate. Biases start at zero::
+
+        r, z = split(sigmoid([x; h] @ w_gates + b_gates))
+        h' = z * h + (1 - z) * tanh([x; r * h] @ w_cand + b_cand)
+
+    (TensorFlow's ``GRUCell``; PyTorch's ``nn.GRU`` applies ``r`` after
+    the hidden matmul and swaps the roles of ``z`` and ``1 - z``, so its
+    weights do not load as they are.)
+    """
 
     def __init__(self, num_units: int, initializer: Initializer | None = None, name: str | None = None,
                  recurrent_dropout: float = 0.0):
@@ -128,6 +159,14 @@ class BinaryTreeLSTMCell(_LSTMFamily):
     ``(x, ((c_l, h_l), (c_r, h_r))) -> (h, (c, h))`` with input, output and
     update gates and one forget gate per child, each reading ``x`` and both
     children's ``h``. The forget gates get ``forget_bias`` (default 1).
+
+    Parameters (``H = num_units``, ``X`` the input size): ``w`` of shape
+    ``(X + 2H, 5H)`` on ``[x; h_l; h_r]`` and ``b`` ``(5H,)``, whose column
+    blocks are, in order, ``i``, ``f_l``, ``f_r``, ``o`` and the update
+    ``u``::
+
+        c = sigmoid(i) * tanh(u) + sigmoid(f_l + forget_bias) * c_l + sigmoid(f_r + forget_bias) * c_r
+        h = sigmoid(o) * tanh(c)
     """
 
     def init(self, key: jax.Array, input_type: Type) -> Weights:

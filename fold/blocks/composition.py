@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from fold.blocks.base import Block, convert_to_block, run_leaf, scope_stack, unify
 from fold.blocks.host import BlockLike, EmitContext, HostContext, HostValue, HostWalk
-from fold.blocks.types import TupleType, VoidType, convert_to_type, fold_type
+from fold.blocks.types import TupleType, VoidType, convert_to_type, holds_only_voids
 from fold.errors import set_type, type_error
 
 __all__ = ["Composition"]
@@ -189,9 +189,8 @@ class Composition(Block):
             if m not in read and not isinstance(m.output_type, VoidType):
                 # A Map of metrics outputs a sequence of voids: Fold refuses it unread too, and users meet it.
                 t = m.output_type
-                only_voids = t is not None and fold_type(t, lambda _: False, lambda _, items: all(items),
-                                                         lambda _, element: element, lambda u: isinstance(u, VoidType))
-                fix = ("it holds only voids (metrics, say): end it with >> fd.Void()" if only_voids
+                fix = ("it holds only voids (metrics, say): end it with >> fd.Void()"
+                       if t is not None and holds_only_voids(t)
                        else "wire it with .reads() or remove it")
                 raise TypeError(f"{m!r} in {self!r} is never read: its output ({m.output_type}) is unused; {fix}")
         self._order = self._topological_order()

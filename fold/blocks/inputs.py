@@ -257,6 +257,12 @@ class InputTransform(Block):
     def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         return self.py_fn(x)
 
+    def mismatch_hint(self, side: str) -> str | None:
+        if side != "input":
+            return None
+        return ("an InputTransform runs on the Python input, before anything is computed, so it cannot take "
+                "computed tensors: rearrange a sequence of them with blocks (fd.Slice(step=-1) reverses it)")
+
 
 class OneHot(Block):
     """One-hot encodes an int in ``range(start, stop)`` (``range(start)`` if no stop)."""

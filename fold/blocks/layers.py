@@ -257,7 +257,8 @@ class FC(Layer):
 
     Takes a float vector, or a tuple of vectors which are concatenated.
     ``initializer`` (JAX-style ``init(key, shape, dtype)``) makes ``w``
-    (default Glorot uniform); ``b`` starts at zero. ``activation=None`` is
+    (default Glorot uniform); ``b`` starts at zero, and ``use_bias=False``
+    leaves it out (``x @ w``; the parameters hold ``w`` only). ``activation=None`` is
     linear; a string names a function of ``jax.nn`` (``"relu"``, the
     default, ``"tanh"``, ``"sigmoid"``, ...). As in Fold, ``input_keep_prob`` and ``output_keep_prob`` drop
     the input and the output out (inverted dropout, active only when
@@ -278,10 +279,13 @@ class FC(Layer):
     def __init__(self, num_units_out: int, activation: Activation | str | None = "relu",
                  initializer: Initializer | None = None, input_keep_prob: float | None = None,
                  output_keep_prob: float | None = None, normalization_fn: Activation | None = None,
-                 name: str | None = None):
+                 name: str | None = None, use_bias: bool = True):
         super().__init__(name)
         if int(num_units_out) <= 0:
             raise ValueError(f"FC needs a positive num_units_out, got {num_units_out}")
+        if not isinstance(use_bias, bool):
+            raise TypeError(f"FC's use_bias must be True or False, got {use_bias!r}")
+        self.use_bias = use_bias
         self.num_units_out = int(num_units_out)
         self.activation = _activation(self, activation)
         self.initializer = initializer or jax.nn.initializers.glorot_uniform()
@@ -303,6 +307,8 @@ class FC(Layer):
 
     def bias(self, params: Weights) -> jax.Array:
         """This layer's bias ``b`` in ``params`` (from ``compiler.init``)."""
+        if not self.use_bias:
+            raise ValueError(f"{self!r} was made with use_bias=False: it has no bias")
         return self._own(params)["b"]
 
     def _own(self, params: Params) -> Weights:
@@ -314,16 +320,16 @@ class FC(Layer):
 
     def init(self, key: jax.Array, input_type: Type) -> Weights:
         size, dtype = vector_size(self, input_type)
-        return {
-            "w": self.initializer(key, (size, self.num_units_out), dtype),
-            "b": jnp.zeros((self.num_units_out,), dtype),
-        }
+        weights = {"w": self.initializer(key, (size, self.num_units_out), dtype)}
+        if self.use_bias:
+            weights["b"] = jnp.zeros((self.num_units_out,), dtype)
+        return weights
 
     def apply(self, params: Weights, *inputs: jax.Array, key: jax.Array | None = None) -> jax.Array:
         x = inputs[0] if len(inputs) == 1 else jnp.concatenate(inputs, axis=-1)
         keys = (None, None) if key is None else jax.random.split(key)
         x = dropout(keys[0], self.input_drop, x)
-        y = x @ params["w"] + params["b"]
+        y = x @ params["w"] + params["b"] if self.use_bias else x @ params["w"]
         if self.normalization_fn is not None:
             y = self.normalization_fn(y)
         y = y if self.activation is None else self.activation(y)

@@ -318,6 +318,18 @@ def is_tensor_tree(t: Type, empty_tuples: bool = True) -> bool:
                      lambda *_: False, lambda leaf: isinstance(leaf, VoidType))
 
 
+def holds_only_voids(t: Type) -> bool:
+    """Whether every leaf of ``t`` is void: a ``Map`` of metrics outputs a sequence of voids, which
+    ``>> Void()`` ends.
+
+    Examples:
+        >>> holds_only_voids(SequenceType(VoidType())), holds_only_voids(SequenceType(TensorType(())))
+        (True, False)
+    """
+    return fold_type(t, lambda _: False, lambda _, items: all(items), lambda _, element: element,
+                     lambda leaf: isinstance(leaf, VoidType))
+
+
 def _canonicalize(t: Type) -> Type:
     """Sequences and non-empty tuples of PyObjects are PyObjects (as in Fold)."""
     if isinstance(t, SequenceType) and isinstance(t.element_type, PyObjectType):

@@ -22,7 +22,15 @@ from fold.blocks.control import ForwardDeclaration, Metric
 from fold.blocks.host import DEFAULT_LIMITS, BlockLike, ExampleLimits, OpBlock, Step
 from fold.blocks.layers import Layer, snake_case
 from fold.blocks.tensors import Concat, Function, OpSpec
-from fold.blocks.types import PyObjectType, TensorType, Type, VoidType, is_tensor_tree, tensor_types
+from fold.blocks.types import (
+    PyObjectType,
+    TensorType,
+    Type,
+    VoidType,
+    holds_only_voids,
+    is_tensor_tree,
+    tensor_types,
+)
 from fold.scheduler.fusion import Fused, fuse_pipes
 from fold.scheduler.plan import leaf_paths
 from fold.scheduler.program import CompiledOp, Program, Slot
@@ -115,8 +123,10 @@ def _checked_tree(root_block: BlockLike, any_root: bool) -> tuple[Block, list[Bl
     assert out is not None  # checked just above
     if not any_root:
         if not root_is_tensors(out):
+            fix = ("it holds only voids (metrics, say): end it with >> fd.Void()" if holds_only_voids(out)
+                   else "use block.eval to look at other values")
             raise TypeError(f"the root {root!r} outputs {out}: a compiled root must output tensors, tuples of "
-                            "tensors or void (use block.eval to look at other values)")
+                            f"tensors or void; {fix}")
         if isinstance(out, VoidType) and not any(isinstance(b, Metric) for b in blocks):
             raise TypeError(f"the root {root!r} outputs void and has no Metric: it computes nothing")
     return root, blocks

@@ -55,6 +55,53 @@ def test_lstm_cell_matches_numpy():
     np.testing.assert_allclose(out, h_ref, rtol=1e-5)
 
 
+def test_lstm_cell_loads_pytorch_weights_as_its_docstring_says():
+    """PyTorch's nn.LSTM equations, in NumPy, on weights laid out as PyTorch keeps them."""
+    rng = np.random.default_rng(0)
+    X, H = 2, 3
+    weight_ih, weight_hh = rng.normal(size=(4 * H, X)), rng.normal(size=(4 * H, H))
+    bias_ih, bias_hh = rng.normal(size=4 * H), rng.normal(size=4 * H)
+    cell = fd.LSTMCell(H, forget_bias=0.0, name="lstm")
+    block = (fd.Vector(X), (fd.Vector(H), fd.Vector(H))) >> cell
+    params = {"lstm": {"w": jnp.asarray(np.concatenate([weight_ih.T, weight_hh.T]), jnp.float32),
+                       "b": jnp.asarray(bias_ih + bias_hh, jnp.float32)}}
+    x, c, h = rng.normal(size=X), rng.normal(size=H), rng.normal(size=H)
+    _, (c2, h2) = block.eval((x, (c, h)), params)
+    i, f, g, o = np.split(weight_ih @ x + bias_ih + weight_hh @ h + bias_hh, 4)
+    c_ref = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+    np.testing.assert_allclose(c2, c_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h2, sigmoid(o) * np.tanh(c_ref), rtol=1e-5, atol=1e-6)
+
+
+def test_gru_cell_computes_its_documented_equations():
+    cell = fd.GRUCell(3, name="gru")
+    block = (fd.Vector(2), fd.Vector(3)) >> cell
+    params = fd.Compiler.create(block >> fd.GetItem(0)).init(jax.random.key(1))
+    p = {k: np.asarray(v, np.float64) + 0.1 for k, v in params["gru"].items()}  # nonzero biases too
+    x, h = np.array([0.4, -0.2]), np.array([0.1, 0.5, -0.3])
+    out, h2 = block.eval((x, h), {"gru": {k: jnp.asarray(v, jnp.float32) for k, v in p.items()}})
+    r, z = np.split(sigmoid(np.concatenate([x, h]) @ p["w_gates"] + p["b_gates"]), 2)
+    want = z * h + (1 - z) * np.tanh(np.concatenate([x, r * h]) @ p["w_cand"] + p["b_cand"])
+    np.testing.assert_allclose(h2, want, rtol=1e-5)
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_fc_without_bias_matches_numpy_and_has_no_bias_parameter():
+    fc = fd.FC(2, activation=jnp.tanh, use_bias=False, name="nobias")
+    compiler = fd.Compiler.create(fd.Vector(3) >> fc)
+    params = compiler.init(jax.random.key(0))
+    assert sorted(params["nobias"]) == ["w"]
+    x = np.array([[1.0, -2.0, 0.5], [0.0, 1.0, 2.0]])
+    out = compiler.apply(params, compiler.build_batch(x.tolist())).outputs
+    np.testing.assert_allclose(out, np.tanh(x @ np.asarray(params["nobias"]["w"])), rtol=1e-5)
+    grads = jax.grad(lambda p: compiler.apply(p, compiler.build_batch(x.tolist())).outputs.sum())(params)
+    assert sorted(grads["nobias"]) == ["w"]
+    with pytest.raises(ValueError, match="use_bias=False: it has no bias"):
+        fc.bias(params)
+    with pytest.raises(TypeError, match="use_bias must be True or False"):
+        fd.FC(2, use_bias="no")
+
+
 def test_gru_and_tree_lstm_state_types():
     assert fd.GRUCell(4).state_type == fd.TensorType((4,))
     h = fd.TensorType((4,))

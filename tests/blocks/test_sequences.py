@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fold as fd
+from tests.models import sigmoid
 
 
 def floats(values):
@@ -265,3 +266,35 @@ def test_softmax_across_a_sequence_matches_numpy_and_trains():
 def test_softmax_of_a_non_sequence_is_a_type_error():
     with pytest.raises(TypeError):
         fd.Compiler.create(fd.Vector(3) >> fd.Softmax())
+
+
+def _lstm_np(p: dict, xs: np.ndarray) -> list[np.ndarray]:
+    """Outputs of an LSTMCell (its documented equations, forget bias 1) run over ``xs`` from zeros."""
+    H = p["b"].shape[0] // 4
+    c, h, outs = np.zeros(H), np.zeros(H), []
+    for x in xs:
+        i, f, g, o = np.split(np.concatenate([x, h]) @ p["w"] + p["b"], 4)
+        c = sigmoid(f + 1.0) * c + sigmoid(i) * np.tanh(g)
+        h = sigmoid(o) * np.tanh(c)
+        outs.append(h)
+    return outs
+
+
+def test_the_bidirectional_rnn_recipe_of_docs_blocks_matches_numpy():
+    """docs/blocks.md's recipe: Slice(step=-1) around a second RNN, outputs paired per element."""
+    def bidirectional(forward_cell, backward_cell):
+        forward = fd.RNN(forward_cell) >> fd.GetItem(0)
+        backward = fd.Slice(step=-1) >> fd.RNN(backward_cell) >> fd.GetItem(0) >> fd.Slice(step=-1)
+        return fd.AllOf(forward, backward) >> fd.ZipWith(fd.Concat())
+
+    model = fd.Map(fd.Vector(2)) >> bidirectional(fd.LSTMCell(3, name="fw"), fd.LSTMCell(3, name="bw"))
+    compiler = fd.Compiler.create(model >> fd.Map(fd.Metric("h")) >> fd.Void())
+    params = compiler.init(jax.random.key(0))
+    p = {name: {k: np.asarray(v, np.float64) + 0.05 for k, v in ps.items()} for name, ps in params.items()}
+    examples = [[[1.0, 2.0], [3.0, -1.0], [0.5, 0.5]], [[0.0, 1.0]], [[2.0, 0.0], [-1.0, 1.0]]]
+    values = compiler.apply(jax.tree.map(jnp.float32, p), compiler.build_batch(examples)).metrics["h"].values
+    want = []
+    for xs in map(np.asarray, examples):
+        fw, bw = _lstm_np(p["fw"], xs), _lstm_np(p["bw"], xs[::-1])[::-1]
+        want += [np.concatenate([a, b]) for a, b in zip(fw, bw)]
+    np.testing.assert_allclose(np.asarray(values), np.asarray(want), rtol=1e-4, atol=1e-5)
