@@ -36,13 +36,14 @@ class ExplainedTypeError(TypeError):
         self.cases = cases
 
 
-def type_error(a: object, a_type: object, b: object, b_type: object, how: str, detail: str = "") -> ExplainedTypeError:
+def type_error(a: object, a_type: object, b: object, b_type: object, how: str, detail: str = "",
+               side: str | None = None) -> ExplainedTypeError:
     """A type mismatch naming both blocks and both types: ``{a} {how} {a_type} but {b} has {b_type}``,
-    with what to write instead where ``b`` knows (its ``mismatch_hint`` of the side ``detail`` names)."""
+    with what to write instead where ``b`` knows (its ``mismatch_hint`` of ``side``, the side of ``b``
+    whose type is ``b_type``)."""
     msg = f"type mismatch: {a!r} {how} {a_type} but {b!r} has {b_type}"
     if detail:
         msg += f" ({detail})"
-    side = "input" if detail.startswith("input type") else "output" if detail.startswith("output type") else None
     hinted = getattr(b, "mismatch_hint", None)
     hint = hinted(side) if side is not None and hinted is not None else None
     if hint:

@@ -390,7 +390,7 @@ def unify(a: Block, a_side: str, b: Block, b_side: str) -> None:
         return
     if ta is not None and tb is not None:
         if ta != tb:
-            raise type_error(a, ta, b, tb, f"has {a_side} type", f"{b_side} type of {b!r}")
+            raise type_error(a, ta, b, tb, f"has {a_side} type", f"{b_side} type of {b!r}", side=b_side)
         return
     # One side is known: set the other, and name both if that fails further on.
     target, side, t = (b, b_side, ta) if ta is not None else (a, a_side, tb)
@@ -405,7 +405,7 @@ def set_child(owner: Block, t: Type, child: Block, side: str, what: str) -> None
     cur = child.input_type if side == "input" else child.output_type
     if cur is not None:
         if cur != t:
-            raise type_error(owner, t, child, cur, f"needs {what} of type", f"{side} type of {child!r}")
+            raise type_error(owner, t, child, cur, f"needs {what} of type", f"{side} type of {child!r}", side=side)
         return
     set_type(child, side, t, lambda e: type_error(owner, t, child, "(unknown)", f"gives {what} of type", str(e)))
 

@@ -165,7 +165,7 @@ class Composition(Block):
                     set_type(dst, "input", tup, lambda e, src=srcs[0], tup=tup, dst=dst: type_error(  # type: ignore[misc]
                         src, tup, dst, "(unknown)", "and the other sources give", str(e)))
                 elif t != tup:
-                    raise type_error(srcs[0], tup, dst, t, "and the other sources give", "input type")
+                    raise type_error(srcs[0], tup, dst, t, "and the other sources give", "input type", side="input")
             elif isinstance(t, TupleType) and len(t) == len(srcs):
                 for s, item in zip(srcs, t):
                     if s.output_type is None:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from fold.blocks.control import ForwardDeclaration
     from fold.blocks.tensors import OpSpec
 
-__all__ = ["HostContext", "EmitContext", "Step", "OpBlock", "ExampleLimits", "DEFAULT_LIMITS", "PyObject", "HostValue",
+__all__ = ["HostContext", "EmitContext", "Step", "OpBlock", "ExampleLimits", "DEFAULT_LIMITS", "HostValue",
            "HostWalk", "BlockLike", "ConstValue"]
 
 HostValue: TypeAlias = Any

@@ -23,7 +23,7 @@ import inspect
 import itertools
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import jax
@@ -69,13 +69,19 @@ def takes_key(apply: Callable[..., object]) -> bool:
                                    param.default is not inspect.Parameter.empty))
 
 
+def numbered_names(cls: type) -> Iterator[str]:
+    """A class's layer names in order: ``fc``, ``fc_1``, ``fc_2``, ..."""
+    base = snake_case(cls.__name__)
+    return itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
+
+
 class _Names:
-    """Default layer names: per class, ``fc``, ``fc_1``, ... in the order layers are made in this
+    """Default layer names: per class, ``numbered_names`` in the order layers are made in this
     process, skipping names passed explicitly before (a lock: layers may be made on threads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[str, itertools.count[int]] = {}
+        self._next: dict[type, Iterator[str]] = {}
         self._taken: set[str] = set()
 
     def take(self, name: str) -> str:
@@ -84,15 +90,11 @@ class _Names:
         return name
 
     def default(self, cls: type) -> str:
-        base = snake_case(cls.__name__)
         with self._lock:
-            counter = self._counters.setdefault(base, itertools.count())
-            while True:
-                k = next(counter)
-                name = f"{base}_{k}" if k else base
-                if name not in self._taken:
-                    self._taken.add(name)
-                    return name
+            names = self._next.setdefault(cls, numbered_names(cls))
+            name = next(n for n in names if n not in self._taken)
+            self._taken.add(name)
+            return name
 
 
 _names = _Names()

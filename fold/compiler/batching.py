@@ -18,13 +18,12 @@ from typing import NoReturn
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
 
-from fold.blocks.host import HostValue, PyObject
+from fold.blocks.host import HostValue
 from fold.blocks.tensors import flatten_value
 from fold.compiler import sharding
 from fold.compiler.saving import SavePolicy
-from fold.compiler.sharding import ShardedBatch
+from fold.compiler.sharding import Devices, ShardedBatch
 from fold.compiler.stats import StatsRecorder
 from fold.errors import InvalidConstant, check_examples, check_int
 from fold.scheduler.background import Chunk, IdlePool, build_ahead
@@ -35,11 +34,9 @@ from fold.scheduler.program import Program
 from fold.scheduler.records import RecordedExamples, record
 from fold.scheduler.schedule import schedule
 from fold.scheduler.walk import walk
+from fold.typing import PyObject
 
-__all__ = ["Batcher", "Devices"]
-
-Devices = int | Mesh | Sequence[jax.Device]
-"""What a sharded batch is spread over: a device count, a list of devices or a ``Mesh``."""
+__all__ = ["Batcher"]
 
 
 class Batcher:
@@ -58,8 +55,9 @@ class Batcher:
         self.token = uuid.uuid4().hex
         self._saving = saving
         self._stats = stats
-        self._layouts = LayoutPolicy([(t.shape, t.dtype) for t in program.types], max_layouts)
-        self._shared_layouts = sharding.SharedLayouts([(t.shape, t.dtype) for t in program.types])
+        type_shapes = [(t.shape, t.dtype) for t in program.types]
+        self._layouts = LayoutPolicy(type_shapes, max_layouts)
+        self._shared_layouts = sharding.SharedLayouts(type_shapes)
         # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the batcher.
         self._idle_workers = IdlePool()
         weakref.finalize(self, self._idle_workers.close)
@@ -176,10 +174,7 @@ class Batcher:
             recorded = examples
         else:
             listed = examples.examples if isinstance(examples, ExampleChunk) else list(examples)
-            try:
-                recorded = record(self.program, listed, self.token, dataset_indices)
-            except InvalidConstant as e:
-                self.raise_invalid_constant(listed, e, dataset_indices)
+            recorded = self._record(listed, listed, dataset_indices)
         if not len(recorded):
             raise ValueError("build_batch needs at least one example")
         self.check_owner(recorded)
@@ -207,10 +202,16 @@ class Batcher:
             from tqdm.auto import tqdm
 
             walked = tqdm(examples, desc="recording examples", unit="ex")
+        return self._record(examples, walked)
+
+    def _record(self, examples: list[PyObject], walked: Iterable[PyObject],
+                dataset_indices: Sequence[int] | None = None) -> RecordedExamples:
+        """``examples`` (iterated as ``walked``, a progress bar's wrapper, say) recorded; a rejected
+        constant raises as ``build_batch`` raises it."""
         try:
-            return record(self.program, walked, self.token)
+            return record(self.program, walked, self.token, dataset_indices)
         except InvalidConstant as e:
-            self.raise_invalid_constant(examples, e)
+            self.raise_invalid_constant(examples, e, dataset_indices)
 
     def batches(self, examples: Iterable[PyObject] | RecordedExamples, batch_size: int, shuffle: bool = False,
                 num_workers: int = 0, drop_remainder: bool = False, seed: int | None = None,

@@ -13,14 +13,13 @@ Examples:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Mapping, Sequence
 
 from fold.blocks.base import Block, convert_to_block
 from fold.blocks.composition import Composition
 from fold.blocks.control import ForwardDeclaration, Metric
 from fold.blocks.host import DEFAULT_LIMITS, BlockLike, ExampleLimits, OpBlock, Step
-from fold.blocks.layers import Layer, snake_case
+from fold.blocks.layers import Layer, numbered_names
 from fold.blocks.tensors import Concat, Function, OpSpec
 from fold.blocks.types import (
     PyObjectType,
@@ -208,9 +207,7 @@ def _layer_seeds(layers: Mapping[str, tuple[Layer, Type]]) -> dict[str, str]:
     used = set(seeds)
     for name, (layer, _) in layers.items():
         if layer.has_default_name:
-            base = snake_case(type(layer).__name__)
-            seed = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
-                        if n not in used)
+            seed = next(n for n in numbered_names(type(layer)) if n not in used)
             seeds[name] = seed
             used.add(seed)
     return seeds

@@ -22,13 +22,13 @@ import numpy as np
 from fold.blocks.host import DEFAULT_LIMITS, BlockLike, ExampleLimits
 from fold.blocks.tensors import unflatten_value
 from fold.compiler import numerics, sharding
-from fold.compiler.batching import Batcher, Devices
+from fold.compiler.batching import Batcher
 from fold.compiler.build import build_program, root_is_tensors
 from fold.compiler.executor import Arenas, Executor
 from fold.compiler.params import LayerParams, is_key
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy
-from fold.compiler.sharding import ShardedBatch
+from fold.compiler.sharding import Devices, ShardedBatch
 from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.compiler.summary import summary
 from fold.errors import check_examples, check_int
@@ -81,7 +81,6 @@ class Compiler:
         self._params = LayerParams(program.layers, program.layer_seeds)
         self._saving = SavePolicy(backward, self.save_limit, self.executor, lambda: self._params.structs)
         self._batcher = Batcher(program, self.chunk_sizes, self._saving, int(max_layouts), self._stats)
-        self._token = self._batcher.token
         self._arenas_jit = jax.jit(self._arenas)
         self._apply_jit = jax.jit(self._apply)
 
@@ -418,7 +417,7 @@ class Compiler:
 
     def _apply(self, params: Params, batch: Batch | ShardedBatch, key: jax.Array | None = None) -> Result:
         if isinstance(batch, ShardedBatch):
-            if batch.owner != self._token:
+            if batch.owner != self._batcher.token:
                 raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
                                  "build it with this compiler's build_batch or batches")
             if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
@@ -427,7 +426,7 @@ class Compiler:
             return sharding.apply_sharded(self._apply, params, batch, key)
         if not isinstance(batch, Batch):
             raise TypeError(f"apply needs a Batch from compiler.build_batch, got {type(batch).__name__}")
-        if batch.owner != self._token:
+        if batch.owner != self._batcher.token:
             raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
                              "build it with this compiler's build_batch or batches")
         if key is not None and not is_key(key):

@@ -42,7 +42,10 @@ from fold.scheduler.layouts import TypeShape, empty, fits, join, pad_to
 from fold.scheduler.schedule import next_pow2
 from fold.typing import Params, PyTree
 
-__all__ = ["AXIS", "ShardedBatch", "SharedLayouts", "device_mesh", "partition"]
+__all__ = ["AXIS", "Devices", "ShardedBatch", "SharedLayouts", "device_mesh", "partition"]
+
+Devices: TypeAlias = "int | Mesh | Sequence[jax.Device]"
+"""What a sharded batch is spread over: a device count, a list of devices or a ``Mesh``."""
 
 _Static: TypeAlias = "tuple[BatchLayout, str | None, Mesh, str]"
 """A sharded batch's static part: its layout, owner, mesh and axis."""
@@ -54,7 +57,7 @@ _Parts: TypeAlias = "tuple[Outputs, dict[str, MetricValues]]"
 AXIS = "data"
 
 
-def device_mesh(devices: int | Mesh | Sequence[jax.Device], axis: str = AXIS) -> Mesh:
+def device_mesh(devices: Devices, axis: str = AXIS) -> Mesh:
     """A one-axis mesh named ``axis``: over the first ``devices`` devices (an int), over the
     given devices, or ``devices`` itself (a ``Mesh``, which must have the axis)."""
     if isinstance(devices, Mesh):

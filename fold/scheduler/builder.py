@@ -23,11 +23,12 @@ from typing import NamedTuple
 import numpy as np
 
 from fold.blocks.base import Block
-from fold.blocks.host import ConstValue, ExampleLimits, HostValue, OpBlock, PyObject, Step
+from fold.blocks.host import ConstValue, ExampleLimits, HostValue, OpBlock, Step
 from fold.blocks.types import TensorType
 from fold.scheduler.plan import host_plan
 from fold.scheduler.program import Program
 from fold.scheduler.walk import walk
+from fold.typing import PyObject
 
 __all__ = ["BatchBuilder", "ExampleChunk", "Recorded", "gc_paused", "const_table", "run_examples"]
 

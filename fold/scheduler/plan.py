@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, TypeAlias, cast
 
 from fold.blocks.base import Block
 from fold.blocks.control import ForwardDeclaration
-from fold.blocks.host import Arm, ConstValue, HostValue, OpBlock, PyObject, Step
+from fold.blocks.host import Arm, ConstValue, HostValue, OpBlock, Step
 from fold.blocks.types import TensorType, TupleType, Type, fold_type
 from fold.scheduler.program import Program
 from fold.scheduler.walk import walk
+from fold.typing import PyObject
 
 if TYPE_CHECKING:
     from fold.scheduler.builder import BatchBuilder

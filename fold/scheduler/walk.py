@@ -13,8 +13,9 @@ from typing import cast
 import jax
 
 from fold.blocks.base import Block
-from fold.blocks.host import HostContext, HostValue, HostWalk, PyObject, Step
+from fold.blocks.host import HostContext, HostValue, HostWalk, Step
 from fold.errors import LeafError
+from fold.typing import PyObject
 
 __all__ = ["walk", "InputError"]
 
@@ -111,8 +112,8 @@ def walk(root: Block, x: HostValue, ctx: HostContext) -> HostValue:
                 except Exception as e:
                     _reraise(e, stack, block, ctx.where())
             else:
-                assert isinstance(block, Block)  # only blocks are composites
-                stack.append(_Frame(block._host(arg, ctx), block))
+                composite = cast(Block, block)  # a step that is not a leaf is a block
+                stack.append(_Frame(composite._host(arg, ctx), composite))
                 value = None
         if not stack:
             return value
