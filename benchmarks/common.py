@@ -40,8 +40,8 @@ def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformati
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, core count, JAX version, backend, devices and any glibc malloc settings (they change
-    step times: ``benchmarks.host_allocator``)."""
+    """CPU model, core count, JAX version, backend, devices (and the one run on) and any glibc malloc
+    settings (they change step times: ``benchmarks.host_allocator``)."""
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -50,11 +50,32 @@ def machine() -> dict[str, Any]:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+            "device": str(jax.config.jax_default_device or jax.devices()[0]),
             "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}}
 
 
+class _UseDevice(argparse.Action):
+    """``--device PLATFORM``: makes the first device of ``PLATFORM`` JAX's default, as the flag is read."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            device = jax.devices(values)[0]
+        except RuntimeError as e:
+            parser.error(f"--device {values}: {e}")
+        jax.config.update("jax_default_device", device)
+        setattr(namespace, self.dest, values)
+
+
+def add_device_flag(p: argparse.ArgumentParser) -> None:
+    """``--device PLATFORM``, which every benchmark takes: the first GPU run is one command."""
+    p.add_argument("--device", default=None, action=_UseDevice, metavar="PLATFORM",
+                   help="run on this platform's first device: cpu, gpu or tpu (default: JAX's default backend)")
+
+
 def add_run_flags(p: argparse.ArgumentParser, name: str, quick: str, data_dir: bool = True) -> None:
-    """The flags every benchmark shares: ``--data-dir`` (SST), ``--quick`` and ``--json``."""
+    """The flags every benchmark shares: ``--data-dir`` (SST), ``--quick``, ``--json`` and ``--device``."""
+    add_device_flag(p)
     if data_dir:
         p.add_argument("--data-dir", default=None,
                        help="SST folder with train.txt, dev.txt, test.txt (--quick: the committed sample)")

@@ -46,7 +46,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import fold as fd
-from benchmarks.common import RESULTS, machine
+from benchmarks.common import RESULTS, add_device_flag, machine
 from benchmarks.random_models import RandomModel, random_model
 from examples.common import COUNT, NATURAL
 
@@ -255,6 +255,7 @@ def _grammar(recorded: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_device_flag(p)
     p.add_argument("--cases", type=COUNT, default=200, help="cases the run should reach in total")
     p.add_argument("--first-seed", type=NATURAL, default=0,
                    help="seed of the first case (cases take consecutive seeds)")

@@ -1,4 +1,5 @@
-"""The benchmark models: the Fold paper's Table 1 Tree-LSTM on random trees, and SST."""
+"""The benchmark models: the Fold paper's Table 1 Tree-LSTM on random trees, SST's Tree-LSTM, and a
+BiLSTM tagger on SST's words."""
 
 from __future__ import annotations
 
@@ -66,3 +67,35 @@ def sst_model(word_idx: dict[str, int], state_size: int = 150, embed_size: int =
 
     args = tree_lstm_sst.parse_args(["--state-size", str(state_size), "--embed-size", str(embed_size)])
     return tree_lstm_sst.build_model(word_idx, args)
+
+
+def tagged_words(tree: Any) -> list[tuple[str, int]]:
+    """An SST tree's words, left to right, each with its leaf's sentiment label (0-4): a
+    per-word tagging task on real sentences for sequence models."""
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if len(node) == 2 and isinstance(node[1], str):
+            out.append((node[1], node[0]))
+        else:
+            stack.extend(reversed(node[1:]))
+    return out
+
+
+def tagger_examples(trees: list, word_idx: dict[str, int]) -> list[dict[str, list[int]]]:
+    """``bilstm_tagger``'s examples from SST trees: word ids and per-word labels."""
+    return [{"words": [word_idx[w] for w, _ in tagged], "tags": [tag for _, tag in tagged]}
+            for tagged in map(tagged_words, trees)]
+
+
+def bilstm_tagger(vocab: int, hidden: int = 128, embed_size: int = 64, tags: int = 5) -> fd.Block:
+    """A BiLSTM tagger (as the DyNet benchmark suite's ``bilstm-tagger``, without its character
+    LSTMs): word embeddings, a forward and a backward ``LSTMCell`` over the sentence, an FC to
+    ``tags`` logits per word and a softmax loss per word (``loss`` metric)."""
+    forward = fd.RNN(fd.LSTMCell(hidden)) >> fd.GetItem(0)
+    backward = fd.Slice(step=-1) >> fd.RNN(fd.LSTMCell(hidden)) >> fd.GetItem(0) >> fd.Slice(step=-1)
+    words = (fd.Map(fd.Scalar("int32") >> fd.Embedding(vocab, embed_size))
+             >> fd.AllOf(forward, backward) >> fd.ZipWith(fd.Concat()) >> fd.Map(fd.FC(tags, activation=None)))
+    score = fd.Function(lambda tag, logits: -jax.nn.log_softmax(logits)[jnp.arange(tag.shape[0]), tag])
+    tagger = fd.Record({"words": words, "tags": fd.Map(fd.Scalar("int32"))}) >> fd.ZipWith(score >> fd.Metric("loss"))
+    return tagger >> fd.Void()

@@ -11,9 +11,13 @@ exceed wall time; shares are of op time.
 
 Against it, *matmul need*: the same matmuls on the batch's real rows only (every node through
 the cell, forward and both backward products), timed alone as one jitted call: the time a
-perfectly batched step could not go below on this machine. Beside them, the largest single
-operations (runs per step, microseconds per run) and a loop item's three products each timed
-alone: an operation that runs beside another on XLA's threads looks slower than it is alone.
+perfectly batched step could not go below on this machine. And *cell need*: every operation of
+the batch (the cells' matmuls *and* their element-wise work, the readout and the loss) on all its
+real rows at once, forward and backward, as one jitted call with no dependencies between rows
+(``cell_need``): the model's own work, the floor an executor that only schedules would reach.
+Beside them, the largest single operations (runs per step, microseconds per run) and a loop
+item's three products each timed alone: an operation that runs beside another on XLA's threads
+looks slower than it is alone.
 
 Run: ``python -m benchmarks.step_profile --data-dir DIR`` (``--quick``: the committed sample).
 Writes ``benchmarks/results/step_profile.json``.
@@ -41,6 +45,7 @@ from benchmarks import models
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
 from examples import sst
 from examples.common import COUNT, print_table
+from fold.scheduler.schedule import item_sizes
 
 # Kinds of work, by the first pattern an op's name matches (XLA names fusions after what they hold).
 KINDS = (("matmul", r"dot|ynn_fusion|gemm|matmul"), ("scatter", r"scatter"), ("gather", r"gather"),
@@ -119,6 +124,58 @@ def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
     return median_seconds(lambda: jax.block_until_ready(products(x, w, dy)), repeats)
 
 
+def op_rows(compiler: fd.Compiler, batch: fd.Batch) -> dict[int, int]:
+    """Per operation of ``compiler``, the real rows ``batch`` runs it on (its nodes): hoisted
+    groups, tail groups and loop items."""
+    layout, arrays = batch.layout, batch.arrays
+    rows: collections.Counter[int] = collections.Counter()
+    for ops, groups in ((layout.hoist_ops, arrays.hoist), (layout.tail_ops, arrays.tail)):
+        for o, count in zip(ops, np.asarray(groups.count).tolist()):
+            rows[o] += count
+    sizes = len(item_sizes(layout.chunk))
+    n = int(arrays.n_items)
+    for branch, count in zip(np.asarray(arrays.items_branch)[:n].tolist(), np.asarray(arrays.items_count)[:n].tolist()):
+        rows[layout.loop_ops[branch // sizes]] += count
+    return dict(rows)
+
+
+def cell_need(compiler: fd.Compiler, params: Any, batch: fd.Batch, repeats: int) -> float:
+    """Seconds for every operation of ``batch`` on all its rows at once, forward and backward (in
+    the parameters and float inputs), as one jitted call with no dependencies between rows: the
+    model's own work (matmuls, element-wise work, the loss), perfectly batched. Inputs are
+    random floats (integer inputs zeros), so the work is the model's whatever the values."""
+    executor = compiler.executor
+    rows = op_rows(compiler, batch)
+    key = jax.random.key(0)
+    inputs = {}
+    for o, n in rows.items():
+        xs = []
+        for t in executor.ops[o].in_tidx:
+            tt = executor.types[t]
+            key, sub = jax.random.split(key)
+            shape = (n, *tt.shape)
+            floating = jnp.issubdtype(tt.dtype, jnp.floating)
+            xs.append(jax.random.normal(sub, shape, tt.dtype) if floating else jnp.zeros(shape, tt.dtype))
+        inputs[o] = xs
+
+    def total(params: Any, floats: dict[int, list[jax.Array]]) -> jax.Array:
+        out = jnp.zeros(())
+        for o, xs in inputs.items():
+            op = executor.ops[o]
+            xs = [floats[o][i] if jnp.issubdtype(x.dtype, jnp.floating) else x for i, x in enumerate(xs)]
+            p = None if op.layer is None else params[op.layer.name]
+            for y in op.spec.fn(p, None, *xs):
+                if jnp.issubdtype(y.dtype, jnp.floating):
+                    out = out + jnp.sum(y.astype(jnp.float32))
+        return out
+
+    floats = {o: [x if jnp.issubdtype(x.dtype, jnp.floating) else jnp.zeros(()) for x in xs]
+              for o, xs in inputs.items()}
+    step = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
+    jax.block_until_ready(step(params, floats))
+    return median_seconds(lambda: jax.block_until_ready(step(params, floats)), repeats)
+
+
 def products_alone(rows: int, w: jax.Array, repeats: int, iterations: int = 32) -> dict[str, float]:
     """Microseconds per call of each product of a loop item of ``rows`` rows (the forward ``x·W``
     and the backward ``xᵀ·dY`` and ``dY·Wᵀ``), each run alone ``iterations`` times in a jitted
@@ -169,10 +226,12 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: 
     rows = sum(sst.nodes(t) for t in examples)
     w = params["binary_tree_lstm_cell"]["w"]
     need = matmul_need(rows, w, repeats)
+    cells = cell_need(compiler, params, batch, repeats)
     return {
         "hidden": hidden, "batch_size": batch_size, "nodes": rows, "layout": str(batch.layout),
         "step_ms": seconds * 1000, "op_ms": op_ms, "matmul_need_ms": need * 1000,
-        "step_vs_need": seconds / need, "chunk": batch.layout.chunk,
+        "step_vs_need": seconds / need, "cell_need_ms": cells * 1000, "step_vs_cell_need": seconds / cells,
+        "chunk": batch.layout.chunk,
         "largest_ops": largest_ops(own, counts, hlo_text, repeats, phase),
         "products_alone_us": products_alone(batch.layout.chunk, w, repeats),
         "kinds": {k: {"ms": sum(v.values()), "share": sum(v.values()) / op_ms, **{p: ms for p, ms in v.items()}}
@@ -193,8 +252,9 @@ def main(argv: list[str] | None = None) -> dict:
     runs = [measure(trees, word_idx, h, b, args.repeats) for h in args.hidden for b in args.batch_sizes]
     for r in runs:
         print(f"\nH {r['hidden']}, batch {r['batch_size']} ({r['nodes']} nodes): step {r['step_ms']:.1f} ms, "
-              f"op time {r['op_ms']:.1f} ms, matmul need {r['matmul_need_ms']:.1f} ms "
-              f"(step {r['step_vs_need']:.1f}x the need)")
+              f"op time {r['op_ms']:.1f} ms, matmul need {r['matmul_need_ms']:.1f} ms, cell need "
+              f"{r['cell_need_ms']:.1f} ms (step {r['step_vs_need']:.2f}x the matmul need, "
+              f"{r['step_vs_cell_need']:.2f}x the cell need)")
         print_table(f"H {r['hidden']}, batch {r['batch_size']}",
                     ["kind", "ms", "share", "forward", "backward", "other"],
                     [[k, f"{v['ms']:.2f}", f"{100 * v['share']:.0f} %", f"{v.get('forward', 0):.2f}",
@@ -215,6 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
                 ax.barh(labels, ms, left=left, label=k)
                 left += ms
             ax.scatter([r["matmul_need_ms"] for r in runs], labels, color="k", marker="|", s=400, label="matmul need")
+            ax.scatter([r["cell_need_ms"] for r in runs], labels, color="r", marker="|", s=400, label="cell need")
             ax.set_xlabel("op time per step (ms)")
             ax.legend(fontsize=6, loc="lower right")
 

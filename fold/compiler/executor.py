@@ -42,7 +42,7 @@ from jax import lax
 from jax.typing import DTypeLike
 
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout
-from fold.scheduler.schedule import item_sizes, piece_rows
+from fold.scheduler.schedule import MIN_ITEM, item_sizes, piece_rows
 from fold.typing import Params, PyTree
 
 if TYPE_CHECKING:
@@ -87,6 +87,18 @@ _I0 = np.int32(0)
 # Streams of per-call keys: loop items, hoisted and tail groups never share a key.
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 
+# Rows per piece of the pass after the backward loop that computes a loop operation's parameter
+# cotangents (``Executor._weight_pass``): its ``xᵀ·dY`` runs on this many rows at a time, at the
+# matmul rate of large calls, while its last piece wastes at most this many rows.
+WEIGHT_PIECE = 512
+# Batches of at most this many examples leave their loop operations' parameter cotangents to that
+# pass. A loop item's ``xᵀ·dY`` and its addition to the running cotangent write the whole parameter
+# whatever the item's rows, while the pass computes each row's element-wise work once more and
+# gathers its rows again. A depth holds about as many rows as the batch has examples (a chain's
+# exactly), so the batch size says which costs more, and, being part of the layout, adds no
+# compilation. Measured on a 2-core CPU (``benchmarks.weight_pass``).
+DEFER_BATCH = 32
+
 # What ``backward="save"`` keeps of a loop item: its matmuls' outputs. The backward pass recomputes
 # the rest (elementwise work, concatenations, the gathered inputs) from them, which costs little next
 # to the matmuls and keeps a Tree-LSTM cell's saved rows at its gates (5H) instead of every
@@ -106,6 +118,10 @@ class Executor:
         self.types = program.types
         self.ops = program.ops
         self.float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
+        self._reads_key: dict[int, bool] = {}  # per operation: whether its function reads its key
+        # Batches of at most this many examples compute loop weight cotangents after the loop
+        # (``_weights_after``); benchmarks set it to compare both ways.
+        self.defer_batch = DEFER_BATCH
 
     # ------------------------------------------------------------- helpers
     def _params_for(self, op: CompiledOp, params: Params) -> PyTree:
@@ -295,6 +311,76 @@ class Executor:
                 plans[q] = saved
         return plans
 
+    def _weights_after(self, layout: BatchLayout, lparams: Params, key: jax.Array | None) -> tuple[int, ...]:
+        """The loop operations (positions in ``layout.loop_ops``) whose parameters' cotangents the
+        backward pass computes after its loop (``_weight_pass``) rather than item by item: in a
+        batch of at most ``defer_batch`` examples, those with a layer and a float output whose
+        function reads no key. A loop item's key depends on the item, so a random draw does
+        too, and only the item can repeat it."""
+        if layout.num_examples > self.defer_batch:
+            return ()
+        rng = None if key is None else jax.eval_shape(lambda k: _fold(k, _LOOP_STREAM, 0), key)
+        after = []
+        for q, o in enumerate(layout.loop_ops):
+            op = self.ops[o]
+            if op.layer is None or not any(_is_float(self.types[t].dtype) for t in op.out_tidx):
+                continue
+            if rng is not None and self._reads(o, self._params_for(op, lparams), rng):
+                continue
+            after.append(q)
+        return tuple(after)
+
+    def _reads(self, o: int, p: PyTree, rng: jax.ShapeDtypeStruct) -> bool:
+        """Whether operation ``o``'s function reads its key (passes it to anything at all)."""
+        if o not in self._reads_key:
+            op = self.ops[o]
+            xs = [jax.ShapeDtypeStruct((MIN_ITEM, *self.types[t].shape), self.types[t].dtype) for t in op.in_tidx]
+            closed = jax.make_jaxpr(lambda rng, p, *xs: op.spec.fn(p, rng, *xs))(rng, _abstract(p), *xs)
+            key_vars = closed.jaxpr.invars[:len(jax.tree_util.tree_leaves(rng))]
+            read = [v for eqn in closed.jaxpr.eqns for v in eqn.invars] + list(closed.jaxpr.outvars)
+            self._reads_key[o] = any(v is k for v in read for k in key_vars)
+        return self._reads_key[o]
+
+    def _weight_pass(self, q: int, lparams: Params, arenas: Arenas, ct: Arenas, arrays: BatchArrays,
+                     layout: BatchLayout, key: jax.Array | None, plans: dict[int, _Plan], buffers: _SavedBuffers,
+                     saved: list[jax.Array]) -> PyTree:
+        """The cotangent of loop operation ``q``'s parameters, over all its rows at once, after the
+        backward loop has made every row's cotangent whole: its rows (``_op_rows``) in pieces of
+        ``piece_rows`` rows, each a ``vjp`` in the parameters alone, its forward pass read from
+        the saved leaves where the batch saves. One large ``xᵀ·dY`` per piece replaces one per
+        loop item, and the loop no longer adds a whole parameter cotangent per item: for a
+        chain's items of a few rows, that was most of their backward cost."""
+        op = self.ops[layout.loop_ops[q]]
+        rows = layout.arena_rows[op.out_tidx[0]]  # op q's rows are among its first output's
+        piece = min(rows, WEIGHT_PIECE)
+        item, j, valid = _op_rows(arrays, q, len(item_sizes(layout.chunk)), rows)
+        idx = arrays.in_idx[arrays.items_node[item] + j][:, :len(op.in_tidx)]
+        dests = [None if t not in ct else
+                 jnp.where(valid, arrays.items_out[item, self.program.slot_index[(t, k)]] + j, ct[t].shape[0])
+                 for t, k in op.out_slots]
+        saved_rows = [buffers.first_rows[b][q] + arrays.items_saved[item] + j for b in buffers.of_leaves.get(q, [])]
+        p = self._params_for(op, lparams)
+        rng = _fold(key, _LOOP_STREAM, 0)  # read by nothing (``_weights_after``)
+
+        def body(k: jax.Array, acc: PyTree) -> PyTree:
+            def at(a: jax.Array) -> jax.Array:
+                return lax.dynamic_slice_in_dim(a, k * piece, piece)
+
+            v = at(valid)
+            ix = at(idx)
+            ix = jnp.where(v[:, None], ix, ix[:1])  # piece k's first row is real
+            _, vjp, _ = self._vjp(op, p, rng, _gather_rows(op, arenas, ix), self.float_types, q in plans)
+            if q in plans:
+                vjp = _with_saved(vjp, plans[q], [saved[b][at(r)] for b, r in zip(buffers.of_leaves[q], saved_rows)], v)
+            cts = [np.zeros((piece, *self.types[t].shape), jax.dtypes.float0) if d is None
+                   else _masked(v, ct[t].at[at(d)].get(mode="fill", fill_value=0))
+                   for (t, _), d in zip(op.out_slots, dests)]
+            return jax.tree_util.tree_map(jnp.add, acc, vjp(cts)[0])
+
+        pieces = (jnp.sum(valid, dtype=jnp.int32) + piece - 1) // piece
+        out: PyTree = lax.fori_loop(0, pieces, body, jax.tree_util.tree_map(jnp.zeros_like, p))
+        return out
+
     def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers,
                       i: jax.Array) -> list[jax.Array]:
         """Per saved buffer, the row from which item ``i`` writes (and reads back) its ``C`` rows:
@@ -371,7 +457,11 @@ class Executor:
 
     # ------------------------------------------------------------ backward
     def _backward_branches(self, layout: BatchLayout, k_in: dict[int, int], float_types: list[int],
-                           plans: dict[int, _Plan], buffers: _SavedBuffers) -> list[_Branch]:
+                           plans: dict[int, _Plan], buffers: _SavedBuffers, after: tuple[int, ...],
+                           in_loop: list[str]) -> list[_Branch]:
+        """The backward loop's branches: each returns its item's input cotangents (with the rows
+        they go to) and, for an operation not in ``after``, its parameters' cotangents, as a
+        dict over the layers ``in_loop`` (the layers of the operations not in ``after``)."""
         C = layout.chunk
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
 
@@ -384,14 +474,7 @@ class Executor:
                 p = self._params_for(op, lparams)
                 _, vjp, diff = self._vjp(op, p, rng, xs, float_types, q in plans)
                 if q in plans:
-                    # The saved leaves replace their recomputation, which XLA then drops.
-                    # Padded rows take the first row's, as in the forward loop (the buffer
-                    # holds those or a later item's rows there).
-                    leaves, tree = jax.tree_util.tree_flatten(vjp)
-                    for (j, _, _), b in zip(plans[q], buffers.of_leaves[q]):
-                        rows = saved[b][:size]
-                        leaves[j] = _masked(valid, rows, rows[:1])
-                    vjp = jax.tree_util.tree_unflatten(tree, leaves)
+                    vjp = _with_saved(vjp, plans[q], [saved[b][:size] for b in buffers.of_leaves[q]], valid)
                 cts: list[jax.Array | np.ndarray] = []
                 for t, k in op.out_slots:
                     if t in float_types:
@@ -407,8 +490,8 @@ class Executor:
                     t, k = op.in_slots[i]
                     in_cts[t] = in_cts[t].at[k, :size].set(_masked(valid, x_ct))
                     in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], dump[t]))
-                p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, v) for name, v in lparams.items()}
-                if op.layer is not None:
+                p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, lparams[name]) for name in in_loop}
+                if op.layer is not None and q not in after:
                     p_full[op.layer.name] = p_ct
                 return ({t: v.reshape((-1, *v.shape[2:])) for t, v in in_cts.items()},
                         {t: v.reshape(-1) for t, v in in_rows.items()}, p_full)
@@ -422,7 +505,10 @@ class Executor:
         k_out = self._slots(layout.loop_ops, "out_slots")
         k_in = {t: k for t, k in self._slots(layout.loop_ops, "in_slots").items() if t in float_types}
         buffers = _SavedBuffers.of(plans, layout.saved_rows, layout.chunk)
-        branches = self._backward_branches(layout, k_in, float_types, plans, buffers)
+        after = self._weights_after(layout, lparams, key)
+        in_loop = sorted({layer.name for q, o in enumerate(layout.loop_ops)
+                          if q not in after and (layer := self.ops[o].layer) is not None})
+        branches = self._backward_branches(layout, k_in, float_types, plans, buffers, after, in_loop)
         slot_index = self.program.slot_index
         C = layout.chunk
 
@@ -448,8 +534,14 @@ class Executor:
             p_acc = jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
             return i - 1, ct, p_acc
 
-        p0 = jax.tree_util.tree_map(jnp.zeros_like, lparams)
+        p0 = {name: jax.tree_util.tree_map(jnp.zeros_like, lparams[name]) for name in in_loop}
         _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (jnp.asarray(arrays.n_items) - 1, ct, p0))
+        # Every row's cotangent is now whole (its readers ran before it in reverse order).
+        grads = [(self.ops[layout.loop_ops[q]].layer, self._weight_pass(q, lparams, arenas, ct, arrays, layout, key,
+                                                                        plans, buffers, saved)) for q in after]
+        for layer, g in grads:
+            assert layer is not None
+            p_acc[layer.name] = g if layer.name not in p_acc else jax.tree_util.tree_map(jnp.add, p_acc[layer.name], g)
         return p_acc, ct
 
     def _make_run(self, layout: BatchLayout) -> _Run:
@@ -581,6 +673,30 @@ class _SavedBuffers(NamedTuple):
                 of_leaves[q].append(b)
         rows = tuple(end - chunk for end in ends)
         return cls(tuple((shape, dtype) for shape, dtype, _ in keys), rows, tuple(first), of_leaves)
+
+
+def _op_rows(arrays: BatchArrays, q: int, n_sizes: int, rows: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Loop operation ``q``'s rows, one after another in loop order, padded to ``rows``: per row,
+    its work item, its position in that item, and whether it is real (padding rows come last)."""
+    items = jnp.arange(arrays.items_branch.shape[0])
+    mine = (items < arrays.n_items) & (arrays.items_branch // n_sizes == q)
+    count = jnp.where(mine, arrays.items_count, 0).astype(jnp.int32)
+    end = jnp.cumsum(count, dtype=jnp.int32)
+    r = jnp.arange(rows, dtype=jnp.int32)
+    item = jnp.minimum(jnp.searchsorted(end, r, side="right"), end.shape[0] - 1).astype(jnp.int32)
+    return item, r - (end[item] - count[item]), r < end[-1]
+
+
+def _with_saved(vjp: _Vjp, plan: _Plan, rows: list[jax.Array], valid: jax.Array) -> _Vjp:
+    """``vjp`` with its saved leaves (``plan``) replaced by ``rows``, so XLA drops their
+    recomputation. Rows that are not ``valid`` take the first row's, as the forward loop's padded
+    rows do. A leaf whose shape does not match its rows is kept (computed, not read)."""
+    leaves, tree = jax.tree_util.tree_flatten(vjp)
+    for (j, _, _), r in zip(plan, rows):
+        if leaves[j].shape == r.shape and leaves[j].dtype == r.dtype:
+            leaves[j] = _masked(valid, r, r[:1])
+    out: _Vjp = jax.tree_util.tree_unflatten(tree, leaves)
+    return out
 
 
 def _pieces(aux: _GroupAux, piece: int) -> jax.Array:

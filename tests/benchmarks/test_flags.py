@@ -24,6 +24,7 @@ COUNTS = {
                        "--dynet-trees", "--workers", "--repeats"],
     "step_profile": ["--batch-sizes", "--hidden", "--repeats"],
     "table1": ["--batch-sizes", "--hidden", "--chunk-size", "--repeats"],
+    "weight_pass": ["--batch-sizes", "--hidden", "--repeats"],
 }
 NATURALS = {"compile_count": ["--workers"], "fuzz": ["--first-seed", "--case"], "table1": ["--seed"]}
 
@@ -74,3 +75,9 @@ def test_zero_is_a_seed_or_a_worker_count(name, monkeypatch, capsys):
 def test_executor_chunk_sizes_are_powers_of_two(monkeypatch, capsys):
     assert "chunk sizes must be powers of two >= 8" in _usage_error(
         "executor", ["--chunk-sizes", "24"], monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_a_device_that_is_not_there_is_a_usage_error(name, monkeypatch, capsys):
+    """Every benchmark takes ``--device``; a platform JAX does not have is refused as the flag is read."""
+    assert "--device nowhere:" in _usage_error(name, ["--device", "nowhere"], monkeypatch, capsys)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import jax
 import pytest
 
-from benchmarks import step_profile
+import fold as fd
+from benchmarks import models, step_profile
+from examples import sst
+from tests.benchmarks.conftest import SAMPLE
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -38,5 +42,19 @@ def test_quick_profile_adds_up(tmp_path):
         assert o["calls"] >= 1 and o["us_per_call"] * o["calls"] == pytest.approx(o["ms"] * 1000)
         assert o["kind"] in {k for k, _ in step_profile.KINDS} | {step_profile.OTHER}
     assert sum(o["ms"] for o in ops) <= run["op_ms"] + 1e-9
+    # The cells' element-wise work and the loss come on top of the matmuls.
+    assert run["cell_need_ms"] > 0 and run["step_vs_cell_need"] == pytest.approx(run["step_ms"] / run["cell_need_ms"])
     assert set(run["products_alone_us"]) == {"x·W", "xᵀ·dY", "dY·Wᵀ"}
     assert all(us > 0 for us in run["products_alone_us"].values())
+
+
+def test_op_rows_count_every_node_once():
+    """The cell need runs each operation on exactly the rows the batch runs it on."""
+    trees = sst.load("train", SAMPLE)[:12]
+    compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), 6, 4), chunk_size=8)
+    batch = compiler.build_batch(trees)
+    rows = step_profile.op_rows(compiler, batch)
+    assert sum(rows.values()) == batch.stats.num_nodes
+    cell = next(o for o, op in enumerate(compiler.executor.ops) if isinstance(op.layer, fd.BinaryTreeLSTMCell))
+    assert rows[cell] == sum(map(sst.nodes, trees))  # leaves too run the cell, on zero child states
+    assert step_profile.cell_need(compiler, compiler.init(jax.random.key(0)), batch, 1) > 0

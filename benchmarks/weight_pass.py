@@ -1,0 +1,103 @@
+"""Loop weight cotangents item by item against one pass after the backward loop.
+
+The backward loop can add each loop item's parameter cotangent (its ``xᵀ·dY`` and an addition of
+the whole parameter to the running sum) as it goes, or leave them to one pass after the loop
+over all of an operation's rows (``Executor._weight_pass``), which gathers the rows again and
+recomputes their element-wise work. fold picks the pass for batches of at most
+``fold.compiler.executor.DEFER_BATCH`` examples. This times both, taking turns in one process,
+on the SST Tree-LSTM (trees) and a BiLSTM tagger on SST's words (chains), training steps on
+the first batch of a stream, under the default ``backward="auto"``, and checks that both give
+the same parameters.
+
+Run: ``python -m benchmarks.weight_pass --data-dir DIR`` (``--quick``: a seconds-long run on the
+committed sample). Writes ``benchmarks/results/weight_pass.json`` and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import fold as fd
+from benchmarks import models
+from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
+from examples import sst
+from examples.common import COUNT, print_table
+
+WAYS = {"per item": 0, "after the loop": 1 << 30}  # Executor.defer_batch for each way
+
+
+def measure(name: str, make: Callable[[], fd.Block], examples: list, batch_size: int, repeats: int) -> dict[str, Any]:
+    """Median step time of each way on ``make()``'s first batch of ``batch_size`` examples."""
+    steps: dict[str, Callable[[], Any]] = {}
+    updated = {}
+    for way, defer_batch in WAYS.items():
+        compiler = fd.Compiler.create(make())
+        compiler.executor.defer_batch = defer_batch
+        params = compiler.init(jax.random.key(0))
+        optimizer = optax.sgd(0.05)
+        step = make_train_step(compiler, optimizer)
+        batch = jax.device_put(next(iter(compiler.batches(examples[:batch_size * 16], batch_size))))
+        args = (params, optimizer.init(params), batch, None)
+        updated[way] = jax.block_until_ready(step(*args))[0]
+        steps[way] = lambda step=step, args=args: jax.block_until_ready(step(*args))
+    a, b = (jax.tree_util.tree_leaves(updated[way]) for way in WAYS)
+    gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+    ms = {way: 1000 * s for way, s in interleaved_medians(steps, repeats).items()}
+    return {"model": name, "batch_size": batch_size, "ms": ms, "speedup": ms["per item"] / ms["after the loop"],
+            "largest_param_gap": gap}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[4, 16, 25, 64])
+    p.add_argument("--hidden", type=COUNT, default=150)
+    p.add_argument("--repeats", type=COUNT, default=15, help="timed rounds")
+    add_run_flags(p, "weight_pass", "batch sizes 4 and 16, 3 rounds, on the sample")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batch_sizes, args.repeats = [4, 16], 3
+    trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
+    random.Random(0).shuffle(trees)
+    word_idx = sst.vocabulary(trees)
+    tagged = models.tagger_examples(trees, word_idx)
+    cases = (("SST Tree-LSTM", lambda: models.sst_model(word_idx, args.hidden), trees),
+             ("BiLSTM tagger", lambda: models.bilstm_tagger(len(word_idx), args.hidden), tagged))
+    runs = []
+    for name, make, examples in cases:
+        for batch_size in args.batch_sizes:
+            runs.append(measure(name, make, examples, batch_size, args.repeats))
+            r = runs[-1]
+            print(f"{name}, batch {batch_size}: " + ", ".join(f"{w} {ms:.1f} ms" for w, ms in r["ms"].items())
+                  + f" (x{r['speedup']:.2f})", flush=True)
+    print_table("training step (ms)", ["model", "batch", *WAYS, "per item / after"],
+                [[r["model"], r["batch_size"], *(f"{r['ms'][w]:.1f}" for w in WAYS), f"{r['speedup']:.2f}"]
+                 for r in runs])
+    result = {"runs": runs, "hidden": args.hidden, "repeats": args.repeats,
+              "defer_batch": fd.compiler.executor.DEFER_BATCH}
+
+    def plot(path: pathlib.Path) -> None:
+        with figure(path) as ax:
+            for name, _, _ in cases:
+                mine = [r for r in runs if r["model"] == name]
+                ax.plot([r["batch_size"] for r in mine], [r["speedup"] for r in mine], marker="o", label=name)
+            ax.axhline(1, color="k", lw=0.5)
+            ax.axvline(fd.compiler.executor.DEFER_BATCH, color="gray", ls=":", label="DEFER_BATCH")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.set_ylabel("step time per item / after the loop")
+            ax.legend(fontsize=7)
+
+    save_results("weight_pass", result, args, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Loop weight cotangents computed after the backward loop (``Executor._weight_pass``) against
+the same cotangents added item by item."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import fold as fd
+from benchmarks import models
+from fold.compiler.executor import DEFER_BATCH
+from tests.compiler.test_backward import _assert_same, _grads
+from tests.compiler.test_randomness import _functions
+from tests.models import MODELS, enable_x64
+
+
+def _deferred(block: fd.Block, examples: list, key: jax.Array | None = None) -> list[str]:
+    """The layers whose loop cotangents a batch of ``examples`` leaves to the pass."""
+    compiler = fd.Compiler.create(block)
+    batch = compiler.build_batch(examples)
+    layout = batch.layout
+    params = compiler.init(jax.random.key(0))
+    after = compiler.executor._weights_after(layout, params, key)
+    return sorted(compiler.executor.ops[layout.loop_ops[q]].layer.name for q in after)
+
+
+@pytest.mark.parametrize("backward", ["save", "recompute"])
+@pytest.mark.parametrize("chunk", [(128, 512), 8])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_pass_gives_the_per_item_gradients(name, chunk, backward):
+    # C = 8 cuts a depth into several items, with padded remainders, so an operation's rows come
+    # from many items, and a saving batch reads its saved rows back from several regions.
+    with enable_x64():
+        block, _, examples = MODELS[name](dtype="float64", n=8)
+        _assert_same(_grads(block, backward, examples, defer_batch=DEFER_BATCH, chunk_size=chunk),
+                     _grads(block, backward, examples, defer_batch=0, chunk_size=chunk))
+
+
+def test_small_batches_defer_and_large_ones_do_not():
+    block, _, examples = MODELS["tree_lstm"](n=DEFER_BATCH + 1)
+    assert _deferred(block, examples[:DEFER_BATCH])  # the cell's cotangents wait for the pass
+    assert _deferred(block, examples) == []
+
+
+def test_a_layer_that_draws_stays_in_the_loop():
+    """A loop item's key depends on the item, so a cell with recurrent dropout adds its weight
+    cotangents item by item, with the masks its forward pass drew."""
+    with enable_x64():
+        block, _, examples = MODELS["tree_lstm"](dtype="float64", n=6)
+        cell = next(b.layer for b in _functions(block) if isinstance(b.layer, fd.BinaryTreeLSTMCell))
+        assert cell.name in _deferred(block, examples)
+        assert cell.name in _deferred(block, examples, key=None)
+        cell.recurrent_dropout = 0.4
+        key = jax.random.key(7)
+        assert cell.name not in _deferred(block, examples, key)
+        assert cell.name in _deferred(block, examples, None)  # no key: nothing draws
+        _assert_same(_grads(block, "auto", examples, key, DEFER_BATCH, chunk_size=8),
+                     _grads(block, "auto", examples, key, 0, chunk_size=8))
+
+
+def test_a_bidirectional_tagger_gets_the_same_gradients():
+    """Two LSTM cells over chains (one reversed), an FC per word and a loss per word: every loop
+    operation has rows from many one- to four-row items."""
+    rng = np.random.default_rng(0)
+    examples = [{"words": rng.integers(0, 30, n).tolist(), "tags": rng.integers(0, 5, n).tolist()}
+                for n in (1, 7, 3, 12, 5)]
+    block = models.bilstm_tagger(30, hidden=6, embed_size=4)
+    assert len(_deferred(block, examples)) >= 2
+
+    def grads(defer_batch: int) -> dict:
+        compiler = fd.Compiler.create(block)
+        compiler.executor.defer_batch = defer_batch
+        batch = compiler.build_batch(examples)
+        return jax.grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum())(compiler.init(jax.random.key(1)))
+
+    deferred, per_item = grads(DEFER_BATCH), grads(0)
+    assert jax.tree_util.tree_structure(deferred) == jax.tree_util.tree_structure(per_item)
+    for x, y in zip(jax.tree_util.tree_leaves(deferred), jax.tree_util.tree_leaves(per_item)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)  # float32 sums in another order
