@@ -5,7 +5,10 @@
 ``compiler.stats()``: batches, distinct batch layouts, times the training
 step was traced (each is an XLA compilation), batches per size class, and
 bucket occupancy (the share of each bucket that is real rows, not padding).
-Goal: at most 3 compilations per epoch at batch 64.
+Goal: at most 3 compilations per epoch at batch 64. ``--workload tagger`` (``examples.tagger``'s
+BiLSTM tagger with character LSTMs, per-word sentiment tags) and ``--workload rnnlm`` (an LSTM
+language model, the DyNet benchmark suite's ``rnnlm``) do the same for sequence models over SST's
+sentences, whose goal is one compilation for the full batches and one for the last.
 
 ``--workload random`` does the same for ``--models`` random models
 (``benchmarks/random_models.py``, each with a loss metric) on ``--examples``
@@ -35,12 +38,14 @@ import optax
 import fold as fd
 from benchmarks import models, random_models
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
-from examples import sst
+from examples import sst, tagger
 from examples.common import COUNT, NATURAL, print_table
 from fold.compiler.compiler import CHUNK_SIZES
 from fold.scheduler.layouts import computed_rows
 
 GOAL = 3
+# A sequence model's epoch: one compilation for its full batches, one for the last, partial one.
+SEQUENCE_GOAL = 2
 RANDOM_GOAL, RANDOM_MEDIAN_GOAL, DEVICE_GOAL = 4, 2, 1.10
 
 
@@ -50,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=NATURAL, default=1, help="processes building batches ahead")
     p.add_argument("--chunk-size", type=COUNT, nargs="+", default=list(CHUNK_SIZES),
                    help="candidates for C (Compiler.create's chunk_size)")
-    p.add_argument("--workload", choices=("sst", "random"), default="sst")
+    p.add_argument("--workload", choices=("sst", "tagger", "rnnlm", "random"), default="sst")
     p.add_argument("--models", type=COUNT, default=8, help="random models (--workload random)")
     p.add_argument("--examples", type=COUNT, default=3000, help="examples per random model")
     add_run_flags(p, "compile_count", "a few hundred trees, small model")
@@ -59,14 +64,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    return random_main(args) if args.workload == "random" else sst_main(args)
+    return random_main(args) if args.workload == "random" else epoch_main(args)
 
 
-def sst_main(args: argparse.Namespace) -> dict:
+def workload(args: argparse.Namespace) -> tuple[str, fd.Block, list, int]:
+    """``--workload``'s title, model, training examples and goal (compilations per epoch)."""
     trees = sst.load("train", sst.data_dir(args.data_dir, args.quick), 320 if args.quick else None)
+    if args.workload == "tagger":
+        tagged = tagger.examples_of(trees)
+        return "BiLSTM tagger", models.tagger_model(tagged, 16 if args.quick else 50), tagged, SEQUENCE_GOAL
+    if args.workload == "rnnlm":
+        word_idx = sst.vocabulary(trees, min_count=2)
+        model = models.rnn_lm(len(word_idx) + 1, *((16, 16) if args.quick else (128, 64)))
+        return "LSTM language model", model, models.lm_examples(trees, word_idx), SEQUENCE_GOAL
     size = 16 if args.quick else 150
-    compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=size, embed_size=size),
-                                  chunk_size=args.chunk_size)
+    return "SST", models.sst_model(sst.vocabulary(trees), state_size=size, embed_size=size), trees, GOAL
+
+
+def epoch_main(args: argparse.Namespace) -> dict:
+    title, model, trees, goal = workload(args)
+    compiler = fd.Compiler.create(model, chunk_size=args.chunk_size)
     optimizer = optax.adam(1e-3)
     params = compiler.init(jax.random.key(0))
     opt_state = optimizer.init(params)
@@ -91,31 +108,33 @@ def sst_main(args: argparse.Namespace) -> dict:
     per_chunk = collections.Counter(r["chunk"] for r in per_step)
     results: dict[str, Any] = {
         "args": vars(args), "trees": len(trees), "batches": s.batches, "layouts": s.layouts,
-        "compilations": s.traces, "goal": GOAL, "size_classes": {str(k): v for k, v in s.size_classes.items()},
+        "workload": args.workload, "compilations": s.traces, "goal": goal,
+        "size_classes": {str(k): v for k, v in s.size_classes.items()},
         "chunks": {str(c): n for c, n in per_chunk.items()},
         "occupancy": s.occupancy, "min_occupancy": s.min_occupancy, "saving": s.saving, "epoch_seconds": epoch_seconds,
         "compile_seconds": s.compile_seconds, "padding": s.padding,
         "first_steps_of_new_layouts_seconds": compile_seconds, "steps": per_step}
-    print_table(f"one SST epoch at batch {args.batch_size}", ["quantity", "value"], [
+    print_table(f"one {title} epoch at batch {args.batch_size}", ["quantity", "value"], [
         ["batches", s.batches], ["distinct layouts", s.layouts],
-        ["compilations (traces of the step)", f"{s.traces} (goal <= {GOAL})"],
+        ["compilations (traces of the step)", f"{s.traces} (goal <= {goal})"],
         ["batches per size class", ", ".join(f"A={k}: {v}" for k, v in s.size_classes.items())],
         ["batches per C", ", ".join(f"C={c}: {n}" for c, n in sorted(per_chunk.items()))],
         ["bucket occupancy (mean / min)", f"{s.occupancy:.2f} / {s.min_occupancy:.2f}"],
         ["batches saving matmul outputs (backward)", s.saving],
         ["epoch seconds (first steps of new layouts)", f"{epoch_seconds:.1f} ({compile_seconds:.1f})"]])
-    save_results("compile_count", results, args, lambda png: plot(per_step, png))
+    name = "compile_count" if args.workload == "sst" else f"compile_count_{args.workload}"
+    save_results(name, results, args, lambda png: plot(per_step, png, title))
     return results
 
 
-def plot(per_step: list[dict], path: Any) -> None:
+def plot(per_step: list[dict], path: Any, title: str) -> None:
     """Step time per batch (log scale), compilations marked."""
     with figure(path, (7, 3.5)) as ax:
         ax.plot([r["batch"] for r in per_step], [r["seconds"] for r in per_step], lw=1, label="step")
         new = [r for r in per_step if r["new_layout"]]
         ax.scatter([r["batch"] for r in new], [r["seconds"] for r in new], color="tab:red", zorder=3,
                    label="new layout (compiles)")
-        ax.set(yscale="log", xlabel="batch", ylabel="seconds", title="training steps over one SST epoch")
+        ax.set(yscale="log", xlabel="batch", ylabel="seconds", title=f"training steps over one {title} epoch")
         ax.legend()
 
 

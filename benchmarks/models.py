@@ -1,5 +1,5 @@
-"""The benchmark models: the Fold paper's Table 1 Tree-LSTM on random trees, SST's Tree-LSTM, and a
-BiLSTM tagger on SST's words."""
+"""The benchmark models: the Fold paper's Table 1 Tree-LSTM on random trees, SST's Tree-LSTM, and
+sequence models on SST's sentences (a BiLSTM tagger with character LSTMs, an LSTM language model)."""
 
 from __future__ import annotations
 
@@ -69,33 +69,31 @@ def sst_model(word_idx: dict[str, int], state_size: int = 150, embed_size: int =
     return tree_lstm_sst.build_model(word_idx, args)
 
 
-def tagged_words(tree: Any) -> list[tuple[str, int]]:
-    """An SST tree's words, left to right, each with its leaf's sentiment label (0-4): a
-    per-word tagging task on real sentences for sequence models."""
-    out, stack = [], [tree]
-    while stack:
-        node = stack.pop()
-        if len(node) == 2 and isinstance(node[1], str):
-            out.append((node[1], node[0]))
-        else:
-            stack.extend(reversed(node[1:]))
-    return out
+
+def tagger_model(train: list[dict[str, list]], hidden: int = 50) -> fd.Block:
+    """``examples.tagger``'s BiLSTM tagger with character LSTMs for rare words (the DyNet benchmark
+    suite's sizes: words 128, characters 20, MLP 32), its vocabularies from ``train``
+    (``examples.tagger.examples_of``) and ``hidden`` units per word LSTM."""
+    from examples import tagger
+
+    args = tagger.parse_args(["--hidden", str(hidden)])
+    return tagger.build_model(*tagger.vocabularies(train, args.min_count), args)
 
 
-def tagger_examples(trees: list, word_idx: dict[str, int]) -> list[dict[str, list[int]]]:
-    """``bilstm_tagger``'s examples from SST trees: word ids and per-word labels."""
-    return [{"words": [word_idx[w] for w, _ in tagged], "tags": [tag for _, tag in tagged]}
-            for tagged in map(tagged_words, trees)]
+def lm_examples(trees: list, word_idx: dict[str, int]) -> list[list[int]]:
+    """``rnn_lm``'s examples: each SST sentence's word ids (0 for words ``word_idx`` lacks), of
+    sentences of at least two words."""
+    from examples import sst
+
+    return [ids for ids in ([word_idx.get(w, -1) + 1 for w in sst.words(t)] for t in trees) if len(ids) > 1]
 
 
-def bilstm_tagger(vocab: int, hidden: int = 128, embed_size: int = 64, tags: int = 5) -> fd.Block:
-    """A BiLSTM tagger (as the DyNet benchmark suite's ``bilstm-tagger``, without its character
-    LSTMs): word embeddings, a forward and a backward ``LSTMCell`` over the sentence, an FC to
-    ``tags`` logits per word and a softmax loss per word (``loss`` metric)."""
-    forward = fd.RNN(fd.LSTMCell(hidden)) >> fd.GetItem(0)
-    backward = fd.Slice(step=-1) >> fd.RNN(fd.LSTMCell(hidden)) >> fd.GetItem(0) >> fd.Slice(step=-1)
-    words = (fd.Map(fd.Scalar("int32") >> fd.Embedding(vocab, embed_size))
-             >> fd.AllOf(forward, backward) >> fd.ZipWith(fd.Concat()) >> fd.Map(fd.FC(tags, activation=None)))
-    score = fd.Function(lambda tag, logits: -jax.nn.log_softmax(logits)[jnp.arange(tag.shape[0]), tag])
-    tagger = fd.Record({"words": words, "tags": fd.Map(fd.Scalar("int32"))}) >> fd.ZipWith(score >> fd.Metric("loss"))
-    return tagger >> fd.Void()
+def rnn_lm(vocab: int, hidden: int = 128, embed_size: int = 64) -> fd.Block:
+    """An LSTM language model (the DyNet benchmark suite's ``rnnlm``): a sentence of word ids in
+    ``[0, vocab)`` -> void, the cross-entropy of each next word given the words before it
+    (``loss`` metric, one entry per word after the first)."""
+    states = (fd.Map(fd.Scalar("int32") >> fd.Embedding(vocab, embed_size)) >> fd.RNN(fd.LSTMCell(hidden))
+              >> fd.GetItem(0) >> fd.Slice(stop=-1) >> fd.Map(fd.FC(vocab, activation=None)))
+    following = fd.Slice(start=1) >> fd.Map(fd.Scalar("int32"))
+    score = fd.Function(lambda z, y: -jax.nn.log_softmax(z)[jnp.arange(y.shape[0]), y])
+    return fd.AllOf(states, following) >> fd.ZipWith(score >> fd.Metric("loss")) >> fd.Void()

@@ -5,9 +5,11 @@ the whole parameter to the running sum) as it goes, or leave them to one pass af
 over all of an operation's rows (``Executor._weight_pass``), which gathers the rows again and
 recomputes their element-wise work. fold picks the pass for batches of at most
 ``fold.compiler.executor.DEFER_BATCH`` examples. This times both, taking turns in one process,
-on the SST Tree-LSTM (trees) and a BiLSTM tagger on SST's words (chains), training steps on
+on the SST Tree-LSTM (trees) and ``examples.tagger``'s BiLSTM tagger with character LSTMs on SST's
+words (chains), training steps on
 the first batch of a stream, under the default ``backward="auto"``, and checks that both give
-the same parameters.
+the same parameters. Each step over its loop items is the cost of a loop item: at batch 1, where
+an item holds a row or two, it is what one loop iteration (forward and backward) costs.
 
 Run: ``python -m benchmarks.weight_pass --data-dir DIR`` (``--quick``: a seconds-long run on the
 committed sample). Writes ``benchmarks/results/weight_pass.json`` and a plot.
@@ -28,7 +30,7 @@ import optax
 import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
-from examples import sst
+from examples import sst, tagger
 from examples.common import COUNT, print_table
 
 WAYS = {"per item": 0, "after the loop": 1 << 30}  # Executor.defer_batch for each way
@@ -45,6 +47,7 @@ def measure(name: str, make: Callable[[], fd.Block], examples: list, batch_size:
         optimizer = optax.sgd(0.05)
         step = make_train_step(compiler, optimizer)
         batch = jax.device_put(next(iter(compiler.batches(examples[:batch_size * 16], batch_size))))
+        items = int(batch.arrays.n_items)
         args = (params, optimizer.init(params), batch, None)
         updated[way] = jax.block_until_ready(step(*args))[0]
         steps[way] = lambda step=step, args=args: jax.block_until_ready(step(*args))
@@ -52,12 +55,13 @@ def measure(name: str, make: Callable[[], fd.Block], examples: list, batch_size:
     gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
     ms = {way: 1000 * s for way, s in interleaved_medians(steps, repeats).items()}
     return {"model": name, "batch_size": batch_size, "ms": ms, "speedup": ms["per item"] / ms["after the loop"],
+            "loop_items": items, "us_per_item": {way: 1000 * t / items for way, t in ms.items()},
             "largest_param_gap": gap}
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[4, 16, 25, 64])
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[1, 4, 16, 25, 64])
     p.add_argument("--hidden", type=COUNT, default=150)
     p.add_argument("--repeats", type=COUNT, default=15, help="timed rounds")
     add_run_flags(p, "weight_pass", "batch sizes 4 and 16, 3 rounds, on the sample")
@@ -67,9 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
     trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     random.Random(0).shuffle(trees)
     word_idx = sst.vocabulary(trees)
-    tagged = models.tagger_examples(trees, word_idx)
+    tagged = tagger.examples_of(trees)
     cases = (("SST Tree-LSTM", lambda: models.sst_model(word_idx, args.hidden), trees),
-             ("BiLSTM tagger", lambda: models.bilstm_tagger(len(word_idx), args.hidden), tagged))
+             ("BiLSTM tagger", lambda: models.tagger_model(tagged, args.hidden), tagged))
     runs = []
     for name, make, examples in cases:
         for batch_size in args.batch_sizes:
@@ -77,9 +81,10 @@ def main(argv: list[str] | None = None) -> dict:
             r = runs[-1]
             print(f"{name}, batch {batch_size}: " + ", ".join(f"{w} {ms:.1f} ms" for w, ms in r["ms"].items())
                   + f" (x{r['speedup']:.2f})", flush=True)
-    print_table("training step (ms)", ["model", "batch", *WAYS, "per item / after"],
-                [[r["model"], r["batch_size"], *(f"{r['ms'][w]:.1f}" for w in WAYS), f"{r['speedup']:.2f}"]
-                 for r in runs])
+    print_table("training step (ms), and per loop item (us: the step over its loop items)",
+                ["model", "batch", *WAYS, "per item / after", "loop items", *(f"us/item, {w}" for w in WAYS)],
+                [[r["model"], r["batch_size"], *(f"{r['ms'][w]:.1f}" for w in WAYS), f"{r['speedup']:.2f}",
+                  r["loop_items"], *(f"{r['us_per_item'][w]:.0f}" for w in WAYS)] for r in runs])
     result = {"runs": runs, "hidden": args.hidden, "repeats": args.repeats,
               "defer_batch": fd.compiler.executor.DEFER_BATCH}
 

@@ -70,11 +70,7 @@ def accuracies(trainer: fd.Trainer, params: Any, data: list[tuple[str, int]]) ->
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", default=None,
-                   help="folder with train.txt, dev.txt, test.txt (default: the sample with --quick, else the "
-                        "treebank downloaded once into $FOLD_DATA/sst or the cache folder)")
+    p = sst.argument_parser(__doc__.splitlines()[0])
     p.add_argument("--cell", choices=["rnn", "gru"], default="gru", help="recurrent cell")
     p.add_argument("--embed-size", type=COUNT, default=64, help="word embedding size")
     p.add_argument("--state-size", type=COUNT, default=64, help="recurrent state size")

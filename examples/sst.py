@@ -12,6 +12,7 @@ trees zip, each split checked against its SHA-256).
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hashlib
 import os
@@ -166,6 +167,15 @@ def words(tree: Any) -> list[str]:
         else:
             stack.extend(reversed(node[1:]))
     return out
+
+
+def argument_parser(description: str) -> argparse.ArgumentParser:
+    """An SST example's argument parser, defaults shown, with its ``--data-dir`` flag."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data-dir", default=None,
+                   help="folder with train.txt, dev.txt, test.txt (default: the sample with --quick, else the "
+                        "treebank downloaded once into $FOLD_DATA/sst or the cache folder)")
+    return p
 
 
 def load(split: str, data_dir: str | pathlib.Path, limit: int | None = None) -> list[Any]:

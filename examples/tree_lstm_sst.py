@@ -219,11 +219,7 @@ def make_optimizer(args: argparse.Namespace, steps_per_epoch: int = 1) -> optax.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", default=None,
-                   help="folder with train.txt, dev.txt, test.txt (default: the sample with --quick, else the "
-                        "treebank downloaded once into $FOLD_DATA/sst or the cache folder)")
+    p = sst.argument_parser(__doc__.splitlines()[0])
     p.add_argument("--glove", default=None, help="GloVe-format text file for the initial embeddings")
     p.add_argument("--embed-size", type=COUNT, default=100, help="word embedding size")
     p.add_argument("--state-size", type=COUNT, default=150, help="Tree-LSTM state size")

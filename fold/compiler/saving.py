@@ -20,10 +20,11 @@ import jax
 
 from fold.compiler.executor import Executor
 from fold.scheduler.batch import Batch
+from fold.scheduler.layouts import SAVED_SHARE
 from fold.scheduler.schedule import padded_rows
 from fold.typing import Params
 
-__all__ = ["BACKWARDS", "SAVED_SHARE", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_params",
+__all__ = ["BACKWARDS", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_params",
            "saved_buffer_bytes"]
 
 BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
@@ -35,11 +36,6 @@ SAVE_LIMIT = 16 * 2**20
 # (201 FLOPs per saved byte at H = 150) trained 10-13 % faster saving at batch 64, a weave module's
 # FCs (16-33: 32-float rows from 32-64 inputs) 7-22 % slower.
 SAVE_INTENSITY = 64
-# A loop operation's saved buffers have at least A // SAVED_SHARE rows: loop rows are a minority of
-# a tree's nodes (SST: about an eighth, a quarter of A once items are padded), so most batches get
-# exactly that, a size fixed by A that adds no compilations of its own (per-batch powers of two
-# doubled the layouts of a multi-operation model).
-SAVED_SHARE = 4
 
 
 def saved_buffer_bytes(saved_rows: Sequence[int], row_bytes: Sequence[int], chunk: int) -> int:
@@ -99,7 +95,7 @@ class SavePolicy:
         layout = batch.layout
         op_bytes = self.row_bytes(layout.chunk)
         row_bytes = [op_bytes[o] for o in layout.loop_ops]
-        rows = tuple(max(padded_rows(r), layout.size_class // SAVED_SHARE) if b else 0
+        rows = tuple(max(padded_rows(r), layout.size_class // SAVED_SHARE) if b else 0  # see SAVED_SHARE
                      for r, b in zip(batch.built_stats().saved_rows, row_bytes))
         saved_bytes = saved_buffer_bytes(rows, row_bytes, layout.chunk)
         if not saved_bytes or (self.backward == "auto" and saved_bytes > self.save_limit):

@@ -46,8 +46,8 @@ import numpy as np
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, MetricArrays
 from fold.scheduler.schedule import TINY_BATCH, item_sizes, next_pow2, padded_rows, piece_rows
 
-__all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "PLAN_AHEAD", "SPREAD", "LayoutPolicy", "computed_rows", "empty", "fits",
-           "join", "pad_to"]
+__all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "PLAN_AHEAD", "SAVED_SHARE", "SPREAD", "LayoutPolicy", "computed_rows",
+           "empty", "fits", "join", "pad_to"]
 
 logger = logging.getLogger("fold")
 
@@ -62,6 +62,13 @@ PLAN_AHEAD = 16
 
 # A planned size class holds the sample's mean need plus this many standard deviations.
 SPREAD = 4.0
+
+# A loop operation that saves has at least A // SAVED_SHARE rows of saved buffers (the policy of
+# fold/compiler/saving.py gives a batch that many; layouts keep the floor when A grows): loop rows
+# are a minority of a tree's nodes (SST: about an eighth, a quarter of A once items are padded), so
+# most batches get exactly that, a size fixed by A that adds no compilations of its own
+# (per-batch powers of two doubled the layouts of a multi-operation model).
+SAVED_SHARE = 4
 
 Ints: TypeAlias = tuple[int, ...]
 """A layout's operations, or their padded row counts."""
@@ -165,7 +172,7 @@ def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
     saved_rows: tuple[int, ...] = ()
     if a.saved_rows:
         sa, sb = _saved_of(a), _saved_of(b)
-        saved_rows = tuple(grow(sa.get(o, 0), sb.get(o, 0)) for o in loop_ops)
+        saved_rows = _saved_floor(tuple(grow(sa.get(o, 0), sb.get(o, 0)) for o in loop_ops), A)
     # Hoisted groups: one per operation, sorted (they read only constants, so any order is right).
     ha, hb = dict(zip(a.hoist_ops, a.hoist_sizes)), dict(zip(b.hoist_ops, b.hoist_sizes))
     hoist_ops = tuple(sorted(set(ha) | set(hb)))
@@ -325,7 +332,8 @@ class LayoutPolicy:
                                                                    b.layout.tail_sizes, joined.tail_ops,
                                                                    joined.tail_sizes) for b in members]),
                 # An operation no member saves gets no rows: rows would make it save (``fits``).
-                saved_rows=bounded(joined.saved_rows, saved, keep_zeros=True) if joined.saved_rows else ())
+                saved_rows=_saved_floor(bounded(joined.saved_rows, saved, keep_zeros=True), A) if joined.saved_rows
+                else ())
             self._hand_out(layout, f"planned from {len(members)} of the batches ahead")
 
     def assign(self, batch: Batch) -> Batch:
@@ -356,6 +364,13 @@ class LayoutPolicy:
         logger.info("fold: layout %d (%s): A=%d, B=%d, C=%d, %d loop operations, %d hoisted and %d tail groups",
                     len(self.layouts), reason, layout.size_class, layout.num_examples, layout.chunk,
                     len(layout.loop_ops), len(layout.hoist_ops), len(layout.tail_ops))
+
+
+def _saved_floor(saved_rows: Ints, size_class: int) -> Ints:
+    """``saved_rows`` with each saving operation's rows raised to ``size_class``'s floor
+    (``SAVED_SHARE``): a layout whose size class grew past its batches' would otherwise turn
+    away the batches of that size class, whose own layouts ask for the floor."""
+    return tuple(max(rows, size_class // SAVED_SHARE) if rows else 0 for rows in saved_rows)
 
 
 def _bound(needs: Sequence[int] | np.ndarray) -> int:

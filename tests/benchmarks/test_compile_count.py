@@ -28,6 +28,19 @@ def test_quick_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("workload", ["tagger", "rnnlm"])
+def test_quick_sequence_model_epoch_compiles_once_for_its_full_batches(workload, tmp_path):
+    out = tmp_path / f"compile_count_{workload}.json"
+    r = compile_count.main(["--workload", workload, "--quick", "--data-dir", str(SAMPLE), "--batch-size", "32",
+                            "--json", str(out)])
+    full = [s for s in r["steps"] if s["examples"] == 32]
+    assert r["batches"] == len(r["steps"]) >= 9 and len(full) >= 9
+    assert sum(s["new_layout"] for s in full) == 1  # the first full batch's planned layout holds the rest
+    assert r["compilations"] == r["layouts"] <= r["goal"] == compile_count.SEQUENCE_GOAL
+    assert json.loads(out.read_text())["workload"] == workload
+
+
+@pytest.mark.slow
 def test_quick_random_run(tmp_path):
     """A random model: no more compilations than exact-fit layouts, padding at least exact fit's,
     and a device-time ratio."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fold as fd
-from benchmarks import models
+from examples import tagger
 from fold.compiler.executor import DEFER_BATCH
 from tests.compiler.test_backward import _assert_same, _grads
 from tests.compiler.test_randomness import _functions
@@ -60,13 +60,15 @@ def test_a_layer_that_draws_stays_in_the_loop():
 
 
 def test_a_bidirectional_tagger_gets_the_same_gradients():
-    """Two LSTM cells over chains (one reversed), an FC per word and a loss per word: every loop
-    operation has rows from many one- to four-row items."""
+    """Word and character LSTMs over chains (two of them reversed), an MLP per word and a loss per
+    word: every loop operation has rows from many one- to four-row items."""
+    args = tagger.parse_args(["--word-size", "6", "--hidden", "4", "--mlp-size", "3", "--char-size", "2"])
     rng = np.random.default_rng(0)
-    examples = [{"words": rng.integers(0, 30, n).tolist(), "tags": rng.integers(0, 5, n).tolist()}
+    words = ["the", "film", "x", "abc", "gooD"]
+    examples = [{"words": [words[i] for i in rng.integers(0, 5, n)], "tags": rng.integers(0, 5, n).tolist()}
                 for n in (1, 7, 3, 12, 5)]
-    block = models.bilstm_tagger(30, hidden=6, embed_size=4)
-    assert len(_deferred(block, examples)) >= 2
+    block = tagger.build_model({"the": 0, "film": 1}, {ch: i + 1 for i, ch in enumerate("abcdefghx")}, args)
+    assert len(_deferred(block, examples)) >= 4
 
     def grads(defer_batch: int) -> dict:
         compiler = fd.Compiler.create(block)

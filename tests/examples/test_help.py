@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-EXAMPLES = ["attention", "calculator", "quickstart", "sentiment_pipeline", "tree_lstm_sst", "weave"]
+EXAMPLES = ["attention", "calculator", "quickstart", "sentiment_pipeline", "tagger", "tree_lstm_sst", "weave"]
 
 
 def _parse(name: str, argv: list[str], monkeypatch) -> None:

@@ -15,6 +15,7 @@ from fold.scheduler.layouts import (
     ARENA_HEADROOM_CAP,
     MAX_GROWTH,
     PLAN_AHEAD,
+    SAVED_SHARE,
     LayoutPolicy,
     computed_rows,
     empty,
@@ -238,3 +239,22 @@ def test_mixed_saving_gradients_in_a_stream_equal_the_per_example_reference():
 
     _, compared = run_case(Case(seed=225, chunk=512, backward="auto", recorded=True, batch_size=6, wide=True))
     assert compared == 6
+
+
+def test_a_planned_size_class_gives_saving_operations_their_floor_of_saved_rows():
+    """A plan whose size class the spread raises above its sample's also raises the saved rows of
+    the operations that save to that size class's floor (``A // SAVED_SHARE``), which every batch
+    of that size class asks for: a BiLSTM tagger's epoch at batch 16 compiled a second layout for
+    its 162nd batch, which needed no more than the plan's rows but a size class's floor more."""
+    side = fd.Map(fd.Vector(2) >> fd.FC(2) >> fd.Metric("m")) >> fd.Void()  # nodes outside the loop
+    fold = fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> fd.FC(16), fd.Zeros((16,)))
+    compiler = fd.Compiler.create(fd.Record((side, fold)) >> fd.GetItem(1), backward="save", chunk_size=8)
+    sizes = np.random.default_rng(0).integers(20, 30, PLAN_AHEAD * 8).tolist() + [31] * 8
+    examples = [([[1.0, 0.0]] * n, [[1.0, 0.0]] * 6) for n in sizes]
+    batches = list(compiler.batches(examples, 8, prefetch=False))
+    planned = batches[0].layout
+    assert planned.size_class > max(_exact(compiler, examples[i:i + 8]).layout.size_class
+                                    for i in range(0, PLAN_AHEAD * 8, 8))
+    assert _exact(compiler, examples[-8:]).layout.size_class == planned.size_class
+    assert min(planned.saved_rows) >= planned.size_class // SAVED_SHARE
+    assert {b.layout for b in batches} == {planned}

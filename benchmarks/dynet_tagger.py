@@ -1,0 +1,186 @@
+"""fold against DyNet's automatic batching on the DyNet benchmark suite's BiLSTM tagger with
+character LSTMs for rare words (``bilstm-tagger-withchar``).
+
+Both train the same model on the same batches of SST sentences, tagged with their per-word
+sentiment labels (``examples.tagger``): words seen at least 5 times in training are embedded
+(128), rarer ones are read by a forward and a backward character LSTM (characters 20, 64 units
+each) whose final states stand in for the embedding; a forward and a backward word LSTM (50
+each), then a bias-free tanh MLP (32) per word and a softmax loss per word, summed over the
+batch; plain SGD, and the loss read after every step (as a training loop that logs does).
+
+- fold: ``examples.tagger.build_model``, batches from ``compiler.batches`` (built ahead on a
+  thread), one jitted step per batch, ``float(loss)`` after each.
+- DyNet (``pip install dynet38``): the suite's script as written, one graph per batch built
+  sentence by sentence with ``VanillaLSTMBuilder``s, ``autobatch=1`` batching its operations,
+  ``loss.value()`` then ``backward`` and ``SimpleSGDTrainer.update``.
+
+Each first runs ``--warmup`` batches (fold compiles its layout there), then the next
+``--batches`` are timed; ``--rounds`` rounds take turns. Reports sentences per second and fold
+over DyNet (the issue's goal: 1.5x at batch 16 and 64).
+
+Run: ``python -m benchmarks.dynet_tagger --data-dir DIR`` (``--quick``: seconds, on the sample).
+Writes ``benchmarks/results/dynet_tagger.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+import statistics
+import time
+from typing import Any
+
+import jax
+import optax
+
+import fold as fd
+from benchmarks.common import add_run_flags, figure, save_results
+from examples import sst, tagger
+from examples.common import COUNT, print_table
+
+# DyNet's memory pool is allocated up front and cannot grow under autobatching.
+DYNET_MEMORY_MB = 2048
+
+
+class DynetTagger:
+    """The suite's ``bilstm-tagger-withchar`` in DyNet, sized as ``examples.tagger``'s defaults."""
+
+    def __init__(self, word_idx: dict[str, int], char_idx: dict[str, int], args: argparse.Namespace, lr: float):
+        import dynet_config
+
+        dynet_config.set(mem=DYNET_MEMORY_MB, autobatch=1, random_seed=1)
+        import dynet as dy
+
+        self.dy, self.word_idx, self.char_idx = dy, word_idx, char_idx
+        m = self.model = dy.ParameterCollection()
+        self.words = m.add_lookup_parameters((len(word_idx), args.word_size))
+        self.chars = m.add_lookup_parameters((len(char_idx) + 1, args.char_size))
+        half = args.word_size // 2
+        self.char_fw = dy.VanillaLSTMBuilder(1, args.char_size, half, m)
+        self.char_bw = dy.VanillaLSTMBuilder(1, args.char_size, args.word_size - half, m)
+        self.fw = dy.VanillaLSTMBuilder(1, args.word_size, args.hidden, m)
+        self.bw = dy.VanillaLSTMBuilder(1, args.word_size, args.hidden, m)
+        self.hidden = m.add_parameters((args.mlp_size, 2 * args.hidden))
+        self.out = m.add_parameters((tagger.TAGS, args.mlp_size))
+        self.trainer = dy.SimpleSGDTrainer(m, learning_rate=lr)
+
+    def word(self, w: str, char_fw: Any, char_bw: Any) -> Any:
+        if w in self.word_idx:
+            return self.words[self.word_idx[w]]
+        embs = [self.chars[self.char_idx.get(ch, 0)] for ch in w]
+        return self.dy.concatenate([char_fw.transduce(embs)[-1], char_bw.transduce(embs[::-1])[-1]])
+
+    def sentence_loss(self, example: dict[str, list]) -> Any:
+        dy = self.dy
+        char_fw, char_bw = self.char_fw.initial_state(), self.char_bw.initial_state()
+        vectors = [self.word(w, char_fw, char_bw) for w in example["words"]]
+        forward = self.fw.initial_state().transduce(vectors)
+        backward = self.bw.initial_state().transduce(vectors[::-1])[::-1]
+        return dy.esum([dy.pickneglogsoftmax(self.out * dy.tanh(self.hidden * dy.concatenate([f, b])), t)
+                        for f, b, t in zip(forward, backward, example["tags"])])
+
+    def step(self, batch: list[dict[str, list]]) -> float:
+        """One SGD step on the summed loss of ``batch``; returns the loss."""
+        self.dy.renew_cg()
+        loss = self.dy.esum([self.sentence_loss(e) for e in batch])
+        value = loss.value()
+        loss.backward()
+        self.trainer.update()
+        return float(value)
+
+
+def fold_steps(examples: list, word_idx: dict, char_idx: dict, args: argparse.Namespace, batch_size: int,
+               lr: float) -> Any:
+    """A generator: each ``next`` trains fold on the next batch, reads its loss and returns it."""
+    compiler = fd.Compiler.create(tagger.build_model(word_idx, char_idx, args))
+    params = compiler.init(jax.random.key(0))
+    optimizer = optax.sgd(lr)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params: Any, opt_state: Any, batch: fd.Batch) -> tuple[Any, Any, jax.Array]:
+        loss, grads = jax.value_and_grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum())(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    while True:
+        for batch in compiler.batches(examples, batch_size):
+            params, opt_state, loss = step(params, opt_state, batch)
+            yield float(loss)
+
+
+def dynet_steps(examples: list, word_idx: dict, char_idx: dict, args: argparse.Namespace, batch_size: int,
+                lr: float) -> Any:
+    """As ``fold_steps``, for DyNet."""
+    model = DynetTagger(word_idx, char_idx, args, lr)
+    while True:
+        for i in range(0, len(examples) - batch_size + 1, batch_size):
+            yield model.step(examples[i:i + batch_size])
+
+
+def timed(steps: Any, n: int) -> tuple[float, list[float]]:
+    """Seconds for the next ``n`` steps of ``steps``, and their losses."""
+    start = time.perf_counter()
+    losses = [next(steps) for _ in range(n)]
+    return time.perf_counter() - start, losses
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[16, 64])
+    p.add_argument("--warmup", type=COUNT, default=20, help="batches run before timing (fold compiles there)")
+    p.add_argument("--batches", type=COUNT, default=40, help="batches timed per round")
+    p.add_argument("--rounds", type=COUNT, default=3, help="timed rounds, taking turns")
+    add_run_flags(p, "dynet_tagger", "batch size 8, few batches, on the sample")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batch_sizes, args.warmup, args.batches, args.rounds = [8], 2, 3, 1
+    trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
+    random.Random(0).shuffle(trees)
+    examples = tagger.examples_of(trees)
+    sizes = tagger.parse_args(["--quick"] if args.quick else [])
+    word_idx, char_idx = tagger.vocabularies(examples, sizes.min_count)
+    lr = 0.01
+    runs = []
+    for batch_size in args.batch_sizes:
+        peers = {"fold": fold_steps(examples, word_idx, char_idx, sizes, batch_size, lr),
+                 "DyNet autobatch": dynet_steps(examples, word_idx, char_idx, sizes, batch_size, lr)}
+        for steps in peers.values():
+            timed(steps, args.warmup)
+        seconds: dict[str, list[float]] = {name: [] for name in peers}
+        losses: dict[str, list[float]] = {name: [] for name in peers}
+        for _ in range(args.rounds):
+            for name, steps in peers.items():
+                s, ls = timed(steps, args.batches)
+                seconds[name].append(s)
+                losses[name] += ls
+        rate = {name: args.batches * batch_size / statistics.median(s) for name, s in seconds.items()}
+        runs.append({"batch_size": batch_size, "sentences_per_s": rate,
+                     "fold_vs_dynet": rate["fold"] / rate["DyNet autobatch"], "seconds": seconds,
+                     "mean_loss": {name: statistics.mean(v) for name, v in losses.items()}})
+        print(f"batch {batch_size}: " + ", ".join(f"{n} {r:.0f} sentences/s" for n, r in rate.items())
+              + f" (fold x{runs[-1]['fold_vs_dynet']:.2f})", flush=True)
+    print_table("BiLSTM tagger with character LSTMs, training (sentences/s)",
+                ["batch", "fold", "DyNet autobatch", "fold / DyNet"],
+                [[r["batch_size"], f"{r['sentences_per_s']['fold']:.0f}",
+                  f"{r['sentences_per_s']['DyNet autobatch']:.0f}", f"{r['fold_vs_dynet']:.2f}"] for r in runs])
+    result = {"runs": runs, "warmup": args.warmup, "batches": args.batches, "rounds": args.rounds,
+              "sizes": {k: getattr(sizes, k) for k in ("word_size", "char_size", "hidden", "mlp_size", "min_count")}}
+
+    def plot(path: pathlib.Path) -> None:
+        with figure(path) as ax:
+            for name in ("fold", "DyNet autobatch"):
+                ax.plot([r["batch_size"] for r in runs], [r["sentences_per_s"][name] for r in runs], marker="o",
+                        label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.set_ylabel("training sentences / s")
+            ax.legend()
+
+    save_results("dynet_tagger", result, args, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
