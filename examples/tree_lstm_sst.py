@@ -89,12 +89,14 @@ def build_model(word_idx: dict[str, int], args: argparse.Namespace, table: np.nd
     two classes (negative: labels 0-1, positive: 3-4) and no metrics on neutral nodes."""
     h = fd.TensorType((args.state_size,))
     state = fd.TupleType(h, h)
-    cell = fd.BinaryTreeLSTMCell(args.state_size, recurrent_dropout=args.recurrent_dropout)
-    # Named: the optimizer finds the embedding by its name (make_optimizer).
+    # Named: the optimizer finds the embedding by its name (make_optimizer), benchmarks and tools
+    # the cell and the readout by theirs, whatever models the process built before.
+    cell = fd.BinaryTreeLSTMCell(args.state_size, recurrent_dropout=args.recurrent_dropout,
+                                 name="binary_tree_lstm_cell")
     embedding = fd.Embedding(len(word_idx), args.embed_size, initializer=table, name="embedding")
     embed_dropout = fd.Dropout(args.embed_dropout) if args.embed_dropout else None
     word_dropout = WordDropout(args.word_dropout, word_idx[UNKNOWN]) if args.word_dropout else None
-    readout = fd.FC(2 if args.binary else CLASSES, activation=None)
+    readout = fd.FC(2 if args.binary else CLASSES, activation=None, name="fc")
     output_dropout = fd.Dropout(args.output_dropout) if args.output_dropout else None
 
     def to_logits() -> fd.Block:

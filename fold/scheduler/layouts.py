@@ -25,8 +25,10 @@ A batch that fits no layout gets a new one: the join of its own and the latest o
 with headroom on every size it overflowed (at least twice its need, an arena's up to
 ``ARENA_HEADROOM_CAP`` of the size class: growing by the exact need took one layout per
 overflow), or, first of its family outside a stream, its own with headroom on every size. The
-layouts of a family only grow. Batches of at most ``TINY_BATCH`` examples (single trees) get
-their exact layout first: there, where ``C`` was tuned, padding costs a larger share. Past
+layouts of a family only grow. Outside a stream, batches of at most ``TINY_BATCH`` examples
+(single trees) get their exact layout first: there, where ``C`` was tuned, padding costs a
+larger share. A stream plans them as it plans the others: given their exact layouts, a BiLSTM
+tagger's stream at batch 4 compiled four times in its first 15 batches. Past
 ``max_layouts`` a batch is padded into any layout it fits, whatever the size class, and only a
 batch that fits none compiles (with a warning, once).
 
@@ -301,8 +303,8 @@ class LayoutPolicy:
             yield self.assign(batch)
 
     def plan(self, sample: Sequence[Batch]) -> None:
-        """Hands out one layout for each family of ``sample`` that has none yet (batches of more
-        than ``TINY_BATCH`` examples), large enough for the batches that will follow: the join of
+        """Hands out one layout for each family of ``sample`` that has none yet, large enough for
+        the batches that will follow: the join of
         the sample's layouts, its size class, arenas, groups and saved buffers at least the
         sample's mean need plus ``SPREAD`` standard deviations (rounded up as the schedule rounds
         them). Measured needs, unlike ``join``'s headroom, leave no headroom where sizes do not
@@ -310,8 +312,6 @@ class LayoutPolicy:
         kinds = {_kind(b.layout) for b in sample} - {_kind(layout) for layout in self.layouts}
         for kind in sorted(kinds):
             members = [b for b in sample if _kind(b.layout) == kind]
-            if kind[0] <= TINY_BATCH:
-                continue
             joined = functools.reduce(join, (b.layout for b in members))
             stats = [b.built_stats() for b in members]
             A = max(joined.size_class, next_pow2(_bound([max(s.rows, s.num_nodes) for s in stats])))

@@ -250,3 +250,17 @@ def test_a_seed_reproduces_its_run(tmp_path):
     first, second = run("a"), run("b")
     assert first == second
     assert len(first[0]) >= 2 and first[0][-1]["train_loss"] > 0
+
+
+def test_every_model_built_in_a_process_names_its_parameters_alike():
+    """Benchmarks and tools read the cell's and the readout's parameters by name: a second model of
+    the same process got numbered default names (``binary_tree_lstm_cell_1``), and
+    ``benchmarks.step_profile`` failed on its second size."""
+    import jax
+
+    import fold as fd
+
+    args = tree_lstm_sst.parse_args(["--quick"])
+    names = [set(fd.Compiler.create(tree_lstm_sst.build_model({"a": 0}, args)).init(jax.random.key(0)))
+             for _ in range(2)]
+    assert names[0] == names[1] and {"binary_tree_lstm_cell", "fc", "embedding"} <= names[0]

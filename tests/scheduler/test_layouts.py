@@ -258,3 +258,21 @@ def test_a_planned_size_class_gives_saving_operations_their_floor_of_saved_rows(
     assert _exact(compiler, examples[-8:]).layout.size_class == planned.size_class
     assert min(planned.saved_rows) >= planned.size_class // SAVED_SHARE
     assert {b.layout for b in batches} == {planned}
+
+
+def test_a_stream_of_tiny_batches_plans_its_layout_too():
+    """``compiler.batches`` at batch 4 (a smoke test, single trees) planned nothing and gave each
+    batch its exact layout first: a tagger's first 15 batches took four layouts (four
+    compilations). A stream plans tiny batches as it plans the others; ``build_batch`` still gives
+    a tiny batch its own (while no layout holds it)."""
+    from examples import sst, tagger
+    from tests.examples.test_tagger import SAMPLE
+
+    train = tagger.examples_of(sst.load("train", SAMPLE))
+    args = tagger.parse_args(["--quick"])
+    compiler = fd.Compiler.create(tagger.build_model(*tagger.vocabularies(train, args.min_count), args))
+    examples = train[:4 * 60]
+    batches = list(compiler.batches(examples, 4, prefetch=False))
+    assert len({b.layout for b in batches}) <= 2  # the plan, and at most one growth past it
+    fresh = fd.Compiler.create(compiler.program.root)
+    assert fresh.build_batch(examples[:4]).layout == _exact(fresh, examples[:4]).layout
