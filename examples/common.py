@@ -62,7 +62,8 @@ def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, ba
     p.add_argument("--checkpoint-dir", default=None,
                    help=f"the last state and the best parameters go to DIR/{name}[_quick] "
                         "(default DIR: examples/checkpoints)")
-    p.add_argument("--resume", action="store_true", help="continue the run saved in the checkpoint dir")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run saved in the checkpoint dir (without it, a run replaces the one saved there)")
     p.add_argument("--log-dir", default=None, help="write TensorBoard scalars there (needs tensorboardX)")
 
 
@@ -75,9 +76,10 @@ def trainer(compiler: fd.Compiler, optimizer: optax.GradientTransformation, args
 
 def fit(trainer: fd.Trainer, train: list, args: argparse.Namespace, name: str, **kwargs: Any) -> fd.FitResult:
     """``trainer.fit`` for ``args.epochs`` epochs, checkpointing into ``checkpoint_dir(args, name)``
-    and resuming from it with ``--resume``; TensorBoard scalars with ``--log-dir``."""
+    and resuming from it with ``--resume`` (without it, the run replaces the one saved there, as
+    running an example again should); TensorBoard scalars with ``--log-dir``."""
     return trainer.fit(train, epochs=args.epochs, checkpoint_dir=checkpoint_dir(args, name), resume=args.resume,
-                       log_dir=args.log_dir, **kwargs)
+                       overwrite=not args.resume, log_dir=args.log_dir, **kwargs)
 
 
 def checkpoint_dir(args: argparse.Namespace, name: str) -> pathlib.Path:

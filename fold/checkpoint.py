@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
+import secrets
 import zipfile
 
 import jax
@@ -65,7 +65,9 @@ def save_checkpoint(path: str | os.PathLike[str], tree: PyTree) -> None:
             arrays[key] = value
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+    # Created as open() would (mode 0o666 less the umask, as np.savez's files are), not mkstemp's 0o600.
+    tmp = target.parent / f"{target.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as its own flags

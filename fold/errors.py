@@ -109,6 +109,14 @@ def check_examples(examples: Iterable[T], where: str) -> Iterable[T]:
     return examples
 
 
+def whole(owner: str, name: str, value: object) -> int:
+    """``value`` as an int if it is one (a Python or NumPy int, not a bool); else TypeError naming
+    ``owner``'s argument ``name``: ``int(2.5)`` would make ``FC(2.5)`` a 2-unit layer without a word."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{owner}'s {name} must be an int, got {value!r}")
+    return int(value)
+
+
 def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` as an int, if it is one (a Python or NumPy int, not a bool) of at least
     ``minimum``; else ValueError naming the option ``name``. A float such as 2.5 or a string

@@ -164,18 +164,28 @@ class _FitOptions:
     directory: pathlib.Path | None
     resume: bool
     drop_remainder: bool
+    overwrite: bool = False
 
     @classmethod
     def checked(cls, epochs: int, dev: object, scores: ScoreFn | None,
                 eval_every: int | None, monitor: str | None, mode: str | None, patience: int | None,
                 checkpoint_dir: str | pathlib.Path | None, resume: bool, drop_remainder: bool,
-                loss: str | Callable[[Result], jax.Array]) -> _FitOptions:
-        """The options, or ValueError naming the first bad one."""
+                loss: str | Callable[[Result], jax.Array], overwrite: bool = False) -> _FitOptions:
+        """The options, or ValueError naming the first bad one (FileExistsError for a
+        ``checkpoint_dir`` that holds a run neither resumed nor overwritten)."""
         epochs = check_int("epochs", epochs, 0)
         eval_every = None if eval_every is None else check_int("eval_every", eval_every, 1)
         patience = None if patience is None else check_int("patience", patience, 1)
         if resume and checkpoint_dir is None:
             raise ValueError("resume=True needs the checkpoint_dir to resume from")
+        if resume and overwrite:
+            raise ValueError("resume=True continues the run in checkpoint_dir and overwrite=True replaces it: pass one")
+        if checkpoint_dir is not None and not (resume or overwrite):
+            kept = [name for name in (LAST, BEST, HISTORY) if (pathlib.Path(checkpoint_dir) / name).exists()]
+            if kept:
+                raise FileExistsError(
+                    f"checkpoint_dir {checkpoint_dir} holds a run ({', '.join(kept)}): pass resume=True to continue "
+                    "it, overwrite=True to replace it with a new run, or another checkpoint_dir")
         if mode not in (None, "min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         evaluates = dev is not None or scores is not None
@@ -184,7 +194,8 @@ class _FitOptions:
         if monitor is None and dev is not None and isinstance(loss, str):
             monitor = f"dev_{loss}"
         directory = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
-        return cls(epochs, evaluates, scores, eval_every, monitor, mode, patience, directory, resume, drop_remainder)
+        return cls(epochs, evaluates, scores, eval_every, monitor, mode, patience, directory, resume, drop_remainder,
+                   overwrite)
 
 
 @dataclasses.dataclass
@@ -344,7 +355,7 @@ class Trainer:
             dev: Iterable[PyObject] | RecordedExamples | None = None,
             scores: ScoreFn | None = None, eval_every: int | None = None,
             monitor: str | None = None, mode: str | None = None, patience: int | None = None,
-            checkpoint_dir: str | pathlib.Path | None = None, resume: bool = False,
+            checkpoint_dir: str | pathlib.Path | None = None, resume: bool = False, overwrite: bool = False,
             log_dir: str | pathlib.Path | None = None, drop_remainder: bool = True) -> FitResult:
         """Trains for ``epochs`` epochs over ``train``, evaluating, keeping the best and checkpointing.
 
@@ -375,6 +386,10 @@ class Trainer:
             evaluation and when interrupted), ``best.npz`` (the best
             parameters) and ``history.json`` go.
           resume: continue from ``checkpoint_dir``'s last state if it has one.
+          overwrite: start a new run in a ``checkpoint_dir`` that holds one,
+            replacing its files. Without ``resume`` or ``overwrite``, a
+            ``checkpoint_dir`` holding a run is refused: a finished run's
+            best parameters are not lost to a second call.
           log_dir: write TensorBoard scalars there (needs ``tensorboardX``):
             ``train/loss`` every step and every score per evaluation.
           drop_remainder: skip each epoch's last partial batch (its examples
@@ -384,12 +399,15 @@ class Trainer:
           A ``FitResult``.
 
         Raises:
-          ValueError: bad sizes, ``resume`` without ``checkpoint_dir``, an
-            unknown ``mode``, or a ``monitor`` no evaluation records.
+          ValueError: bad sizes, ``resume`` without ``checkpoint_dir`` (or with
+            ``overwrite``), an unknown ``mode``, or a ``monitor`` no
+            evaluation records.
+          FileExistsError: ``checkpoint_dir`` holds a run, and neither
+            ``resume`` nor ``overwrite`` was given.
           ImportError: ``log_dir`` without ``tensorboardX``.
         """
         options = _FitOptions.checked(epochs, dev, scores, eval_every, monitor, mode, patience, checkpoint_dir,
-                                      resume, drop_remainder, self.loss)
+                                      resume, drop_remainder, self.loss, overwrite)
         train_data = self._recorded(train, "fit")
         dev_data = None if dev is None else self._recorded(dev, "fit(dev=)")
         run = self._start(options, train_data, dev_data, params, log_dir)

@@ -3,6 +3,8 @@ another process; mismatches are named."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -137,3 +139,16 @@ def test_prng_keys_keep_their_implementation(tmp_path):
     fd.save_checkpoint(path, {"k": jnp.zeros(2, jnp.uint32)})
     with pytest.raises(ValueError, match=r"\['k'\] is not a PRNG key, the template's is"):
         fd.load_checkpoint(path, {"k": jax.random.key(0)})
+
+
+def test_checkpoint_files_get_the_usual_permissions(tmp_path):
+    """Checkpoints were created mode 0600 (mkstemp's); NumPy's own files get 0666 less the umask."""
+    mask = os.umask(0o022)
+    try:
+        fd.save_checkpoint(tmp_path / "p.npz", {"w": np.ones(2)})
+        np.savez(tmp_path / "numpy.npz", w=np.ones(2))
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "p.npz").stat().st_mode) == stat.S_IMODE((tmp_path / "numpy.npz").stat().st_mode)
+    assert stat.S_IMODE((tmp_path / "p.npz").stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []

@@ -389,3 +389,19 @@ def test_an_evaluation_keeps_the_best_parameters_and_counts_patience():
     assert run.best_params == {"w": 1.0} and run.state.best == 0.5 and run.state.stale == 2
     with pytest.raises(ValueError, match="monitor='dev_loss' is not among the scores"):
         run.keep_if_best({"accuracy": 1.0})
+
+
+def test_a_finished_run_is_not_overwritten_by_a_new_one(tmp_path):
+    """``fit(checkpoint_dir=d)`` on a finished run's directory, without ``resume``, replaced its
+    ``best.npz``, ``last.npz`` and ``history.json`` without a word."""
+    first = trainer().fit(data(), epochs=2, dev=data(8, 1), checkpoint_dir=tmp_path)
+    before = {name: (tmp_path / name).read_bytes() for name in ("best.npz", "last.npz", "history.json")}
+    with pytest.raises(FileExistsError, match=r"holds a run \(last.npz, best.npz, history.json\): pass resume=True"):
+        trainer(optax.sgd(5.0)).fit(data(), epochs=1, dev=data(8, 1), checkpoint_dir=tmp_path)
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    with pytest.raises(ValueError, match="pass one"):
+        trainer().fit(data(), epochs=1, checkpoint_dir=tmp_path, resume=True, overwrite=True)
+    again = trainer().fit(data(), epochs=2, dev=data(8, 1), checkpoint_dir=tmp_path, overwrite=True)
+    assert leaves_equal(again.params, first.params)  # a new run from the start, in the same directory
+    assert json.loads((tmp_path / "history.json").read_text()) == again.history
+

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from fold.blocks.layers import Initializer, Layer, Weights, check_rate, dropout, vector_size
 from fold.blocks.types import TensorType, TupleType, Type
+from fold.errors import whole
 
 __all__ = ["LSTMCell", "GRUCell", "BinaryTreeLSTMCell"]
 
@@ -30,9 +31,9 @@ class _Cell(Layer):
     def __init__(self, num_units: int, initializer: Initializer | None, name: str | None,
                  recurrent_dropout: float):
         super().__init__(name)
-        if int(num_units) <= 0:
+        self.num_units = whole(type(self).__name__, "num_units", num_units)
+        if self.num_units <= 0:
             raise ValueError(f"{type(self).__name__} needs a positive num_units, got {num_units}")
-        self.num_units = int(num_units)
         self.initializer = initializer or jax.nn.initializers.glorot_uniform()
         self.recurrent_dropout = check_rate(self, recurrent_dropout)
 

@@ -32,6 +32,7 @@ from fold.blocks.types import (
     is_tensor_tree,
     requested_dtype,
 )
+from fold.errors import whole
 from fold.typing import PyObject
 
 __all__ = [
@@ -55,13 +56,13 @@ def to_array(x: PyObject, ttype: TensorType) -> np.ndarray | np.generic:
         return _scalar(x, ttype)
     if x is None:
         raise TypeError(f"expected a value for {ttype}, got None")
-    if isinstance(x, (str, bytes)):
+    if isinstance(x, (str, bytes, bytearray, memoryview)):  # NumPy reads a bytearray as its byte values
         raise ValueError(f"expected a number for {ttype}, got the string {x!r}")
     arr = np.asarray(x)
     if arr.dtype == object:
         raise TypeError(f"expected a number or array for {ttype}, got {type(x).__name__} {x!r}")
     source = dtype_kind(arr.dtype)
-    if source in "USV":
+    if source in "USVMm":  # strings, bytes, void; dates and durations (a datetime64 is no number)
         raise ValueError(f"expected numbers for {ttype}, got {x!r}")
     if arr.shape != ttype.shape:
         raise ValueError(f"expected shape {ttype.shape} for {ttype}, got shape {arr.shape}: {x!r}")
@@ -272,9 +273,9 @@ class OneHot(Block):
     def __init__(self, start: int, stop: int | None = None, dtype: DTypeLike = "float32", name: str | None = None):
         if stop is None:
             start, stop = 0, start
+        self.start, self.stop = whole("OneHot", "start", start), whole("OneHot", "stop", stop)
         if stop <= start:
             raise ValueError(f"OneHot needs a non-empty range, got [{start}, {stop})")
-        self.start, self.stop = int(start), int(stop)
         self._ttype = TensorType((self.stop - self.start,), requested_dtype(dtype, "OneHot"))
         super().__init__(name, PyObjectType(), self._ttype)
 

@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from fold.blocks.types import TensorType, TupleType, Type, dtype_kind, requested_dtype
+from fold.errors import whole
 from fold.typing import Params, PyTree, UserModule
 
 if TYPE_CHECKING:
@@ -283,7 +284,7 @@ class FC(Layer):
                  output_keep_prob: float | None = None, normalization_fn: Activation | None = None,
                  name: str | None = None, use_bias: bool = True):
         super().__init__(name)
-        if int(num_units_out) <= 0:
+        if whole("FC", "num_units_out", num_units_out) <= 0:
             raise ValueError(f"FC needs a positive num_units_out, got {num_units_out}")
         if not isinstance(use_bias, bool):
             raise TypeError(f"FC's use_bias must be True or False, got {use_bias!r}")
@@ -377,8 +378,8 @@ class Embedding(Layer):
                  dtype: DTypeLike = "float32"):
         super().__init__(name, trainable)
         self.dtype = requested_dtype(dtype, "Embedding")
-        self.num_buckets = int(num_buckets)
-        self.num_units_out = int(num_units_out)
+        self.num_buckets = whole("Embedding", "num_buckets", num_buckets)
+        self.num_units_out = whole("Embedding", "num_units_out", num_units_out)
         if self.num_buckets <= 0 or self.num_units_out <= 0:
             raise ValueError(f"Embedding needs positive sizes, got {num_buckets} x {num_units_out}")
         self.mod_inputs = mod_inputs

@@ -31,7 +31,7 @@ from fold.blocks.types import (
     requested_dtype,
     tensor_types,
 )
-from fold.errors import type_error
+from fold.errors import type_error, whole
 
 __all__ = ["Map", "Fold", "RNN", "Reduce", "Sum", "Min", "Max", "Mean", "Softmax", "Broadcast", "Zip",
            "ZipWith", "NGrams", "Nth", "Length"]
@@ -456,9 +456,9 @@ class NGrams(Block):
     _leaf = True
 
     def __init__(self, n: int, name: str | None = None):
-        if int(n) <= 0:
+        self.n = whole("NGrams", "n", n)
+        if self.n <= 0:
             raise ValueError(f"NGrams needs n >= 1, got {n}")
-        self.n = int(n)
         super().__init__(name)
 
     def _check_input(self, t: Type) -> None:

@@ -18,7 +18,7 @@ from fold.blocks.base import Block
 from fold.blocks.host import EmitContext, HostContext, HostValue
 from fold.blocks.layers import Layer
 from fold.blocks.types import TensorType, TupleType, Type, VoidType
-from fold.errors import ExplainedTypeError
+from fold.errors import ExplainedTypeError, whole
 from fold.typing import PyTree
 
 __all__ = ["Function", "Concat", "OpSpec", "flatten_value", "unflatten_value"]
@@ -282,7 +282,7 @@ class Concat(Block):
     _leaf = True
 
     def __init__(self, concat_dim: int = 0, flatten: bool = False, name: str | None = None):
-        self.concat_dim = int(concat_dim)
+        self.concat_dim = whole("Concat", "concat_dim", concat_dim)
         self.flatten = bool(flatten)
         super().__init__(name)
 

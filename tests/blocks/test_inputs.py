@@ -187,3 +187,13 @@ def test_a_64_bit_dtype_jax_truncates_warns_at_the_callers_line(make, who, asked
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fd.Vector(2), fd.Scalar("int32"), fd.OneHot(3), fd.Length(), fd.Embedding(3, 2), fd.FromTensor(np.ones(2))
+
+
+@pytest.mark.parametrize("value", [bytearray(b"12"), memoryview(b"12"), np.datetime64("2026-11-27"),
+                                   np.timedelta64(3, "D"), np.array(["2026-11-27"], "datetime64[D]")])
+def test_bytes_like_values_and_dates_are_no_numbers(value):
+    """``bytearray(b"12")`` was read as ``[49, 50]`` (bytes were refused) and a ``datetime64``
+    became a float."""
+    block = fd.Vector(2) if isinstance(value, (bytearray, memoryview)) else fd.Scalar()
+    with pytest.raises(ValueError, match="expected"):
+        block.eval(value)

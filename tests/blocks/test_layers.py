@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -321,3 +322,27 @@ def test_fc_activation_by_name():
         fd.FC(2, activation=3)
     import inspect
     assert inspect.signature(fd.FC).parameters["activation"].default == "relu"
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: fd.FC(2.5), "FC's num_units_out must be an int, got 2.5"),
+    (lambda: fd.FC(True), "FC's num_units_out must be an int, got True"),
+    (lambda: fd.GRUCell(2.5), "GRUCell's num_units must be an int, got 2.5"),
+    (lambda: fd.LSTMCell(3.7), "LSTMCell's num_units must be an int, got 3.7"),
+    (lambda: fd.BinaryTreeLSTMCell(4.0), "BinaryTreeLSTMCell's num_units must be an int, got 4.0"),
+    (lambda: fd.Embedding(10.9, 2), "Embedding's num_buckets must be an int, got 10.9"),
+    (lambda: fd.Embedding(10, 2.5), "Embedding's num_units_out must be an int, got 2.5"),
+    (lambda: fd.OneHot(0, 3.5), "OneHot's stop must be an int, got 3.5"),
+    (lambda: fd.OneHot(2.0), "OneHot's stop must be an int, got 2.0"),
+    (lambda: fd.NGrams(2.5), "NGrams's n must be an int, got 2.5"),
+    (lambda: fd.Concat(1.5), "Concat's concat_dim must be an int, got 1.5"),
+])
+def test_a_size_that_is_not_an_int_is_refused_not_truncated(make, message):
+    """``FC(2.5)`` made a 2-unit layer without a word; a size must be an int (Python or NumPy)."""
+    with pytest.raises(TypeError, match=re.escape(message)):
+        make()
+
+
+def test_numpy_ints_are_sizes():
+    assert fd.FC(np.int64(3)).num_units_out == 3 and fd.LSTMCell(np.int32(2)).num_units == 2
+    assert fd.Embedding(np.int64(5), np.int16(2)).num_buckets == 5 and fd.OneHot(np.int64(3)).stop == 3
