@@ -157,16 +157,21 @@ def nodes(tree: Any) -> int:
     return 2 * len(words(tree)) - 1
 
 
-def words(tree: Any) -> list[str]:
-    """The leaves' words, left to right."""
+def leaves(tree: Any) -> list[tuple[int, str]]:
+    """The leaves ``(label, word)``, left to right."""
     out, stack = [], [tree]
     while stack:
         node = stack.pop()
         if len(node) == 2 and isinstance(node[1], str):
-            out.append(node[1])
+            out.append(node)
         else:
             stack.extend(reversed(node[1:]))
     return out
+
+
+def words(tree: Any) -> list[str]:
+    """The leaves' words, left to right."""
+    return [word for _, word in leaves(tree)]
 
 
 def argument_parser(description: str) -> argparse.ArgumentParser:

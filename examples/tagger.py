@@ -37,14 +37,7 @@ NEUTRAL = 2
 
 def tagged_words(tree: Any) -> list[tuple[str, int]]:
     """An SST tree's words, left to right, each with its leaf's sentiment label."""
-    out, stack = [], [tree]
-    while stack:
-        node = stack.pop()
-        if len(node) == 2 and isinstance(node[1], str):
-            out.append((node[1], node[0]))
-        else:
-            stack.extend(reversed(node[1:]))
-    return out
+    return [(word, label) for label, word in sst.leaves(tree)]
 
 
 def examples_of(trees: list[Any]) -> list[dict[str, list]]:

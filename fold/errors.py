@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeGuard, TypeVar
 
 import numpy as np
 
@@ -109,10 +109,15 @@ def check_examples(examples: Iterable[T], where: str) -> Iterable[T]:
     return examples
 
 
+def _is_int(value: object) -> TypeGuard[int | np.integer]:
+    """Whether ``value`` is a Python or NumPy int (a bool is not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def whole(owner: str, name: str, value: object) -> int:
     """``value`` as an int if it is one (a Python or NumPy int, not a bool); else TypeError naming
     ``owner``'s argument ``name``: ``int(2.5)`` would make ``FC(2.5)`` a 2-unit layer without a word."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not _is_int(value):
         raise TypeError(f"{owner}'s {name} must be an int, got {value!r}")
     return int(value)
 
@@ -121,6 +126,6 @@ def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` as an int, if it is one (a Python or NumPy int, not a bool) of at least
     ``minimum``; else ValueError naming the option ``name``. A float such as 2.5 or a string
     would otherwise fail later, in ``range`` or ``islice``, with a message that names neither."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if not _is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)

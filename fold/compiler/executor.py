@@ -278,10 +278,7 @@ class Executor:
             ct, p_acc = dict(carry[0]), carry[1]
             idx, valid, dests, rng = _piece(aux, piece, k)
             _, vjp, diff = self._vjp(op, p, rng, _gather_rows(op, arenas, idx), self.float_types, False)
-            out_cts = [_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0)) if t in ct
-                       else np.zeros((piece, *self.types[t].shape), jax.dtypes.float0)
-                       for (t, _), dest in zip(op.out_slots, dests)]
-            p_ct, *x_cts = vjp(out_cts)
+            p_ct, *x_cts = vjp(self._out_cts(op, ct, valid, dests))
             for i, x_ct in zip(diff, x_cts):
                 t = op.in_tidx[i]
                 rows = jnp.where(valid, idx[:, i], ct[t].shape[0])  # out of bounds: dropped
@@ -291,6 +288,14 @@ class Executor:
         out: tuple[Arenas, PyTree] = lax.fori_loop(0, _pieces(aux, piece), body,
                                                    (ct, jax.tree_util.tree_map(jnp.zeros_like, p)))
         return out
+
+    def _out_cts(self, op: CompiledOp, ct: Arenas, valid: jax.Array,
+                 dests: list[jax.Array]) -> list[jax.Array | np.ndarray]:
+        """The cotangents of ``op``'s outputs at rows ``dests`` (one array per output), zero on rows
+        that are not ``valid`` (and float0 for outputs of types without a cotangent arena)."""
+        return [_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0)) if t in ct
+                else np.zeros((valid.shape[0], *self.types[t].shape), jax.dtypes.float0)
+                for (t, _), dest in zip(op.out_slots, dests)]
 
     def _plans(self, layout: BatchLayout, lparams: Params, key: jax.Array | None, float_types: list[int]) -> dict[int,
                _Plan]:
@@ -346,7 +351,7 @@ class Executor:
                      saved: list[jax.Array]) -> PyTree:
         """The cotangent of loop operation ``q``'s parameters, over all its rows at once, after the
         backward loop has made every row's cotangent whole: its rows (``_op_rows``) in pieces of
-        ``piece_rows`` rows, each a ``vjp`` in the parameters alone, its forward pass read from
+        ``WEIGHT_PIECE`` rows, each a ``vjp`` in the parameters alone, its forward pass read from
         the saved leaves where the batch saves. One large ``xᵀ·dY`` per piece replaces one per
         loop item, and the loop no longer adds a whole parameter cotangent per item: for a
         chain's items of a few rows, that was most of their backward cost."""
@@ -354,31 +359,26 @@ class Executor:
         rows = layout.arena_rows[op.out_tidx[0]]  # op q's rows are among its first output's
         piece = min(rows, WEIGHT_PIECE)
         item, j, valid = _op_rows(arrays, q, len(item_sizes(layout.chunk)), rows)
+        S = arrays.in_idx.shape[0]  # past every arena's rows: reads there give zeros
         idx = arrays.in_idx[arrays.items_node[item] + j][:, :len(op.in_tidx)]
-        dests = [None if t not in ct else
-                 jnp.where(valid, arrays.items_out[item, self.program.slot_index[(t, k)]] + j, ct[t].shape[0])
-                 for t, k in op.out_slots]
+        aux: _GroupAux = {
+            "idx": jnp.where(valid[:, None], idx, idx[:1]), "valid": valid,
+            "dest": [jnp.where(valid, arrays.items_out[item, self.program.slot_index[slot]] + j, S)
+                     for slot in op.out_slots],
+            "rng": _fold(key, _LOOP_STREAM, 0)}  # read by nothing (``_weights_after``)
         saved_rows = [buffers.first_rows[b][q] + arrays.items_saved[item] + j for b in buffers.of_leaves.get(q, [])]
         p = self._params_for(op, lparams)
-        rng = _fold(key, _LOOP_STREAM, 0)  # read by nothing (``_weights_after``)
 
         def body(k: jax.Array, acc: PyTree) -> PyTree:
-            def at(a: jax.Array) -> jax.Array:
-                return lax.dynamic_slice_in_dim(a, k * piece, piece)
-
-            v = at(valid)
-            ix = at(idx)
-            ix = jnp.where(v[:, None], ix, ix[:1])  # piece k's first row is real
-            _, vjp, _ = self._vjp(op, p, rng, _gather_rows(op, arenas, ix), self.float_types, q in plans)
+            idx, valid, dests, rng = _piece(aux, piece, k)
+            _, vjp, _ = self._vjp(op, p, rng, _gather_rows(op, arenas, idx), self.float_types, q in plans)
             if q in plans:
-                vjp = _with_saved(vjp, plans[q], [saved[b][at(r)] for b, r in zip(buffers.of_leaves[q], saved_rows)], v)
-            cts = [np.zeros((piece, *self.types[t].shape), jax.dtypes.float0) if d is None
-                   else _masked(v, ct[t].at[at(d)].get(mode="fill", fill_value=0))
-                   for (t, _), d in zip(op.out_slots, dests)]
-            return jax.tree_util.tree_map(jnp.add, acc, vjp(cts)[0])
+                rows = [saved[b][lax.dynamic_slice_in_dim(r, k * piece, piece)]
+                        for b, r in zip(buffers.of_leaves[q], saved_rows)]
+                vjp = _with_saved(vjp, plans[q], rows, valid)
+            return jax.tree_util.tree_map(jnp.add, acc, vjp(self._out_cts(op, ct, valid, dests))[0])
 
-        pieces = (jnp.sum(valid, dtype=jnp.int32) + piece - 1) // piece
-        out: PyTree = lax.fori_loop(0, pieces, body, jax.tree_util.tree_map(jnp.zeros_like, p))
+        out: PyTree = lax.fori_loop(0, _pieces(aux, piece), body, jax.tree_util.tree_map(jnp.zeros_like, p))
         return out
 
     def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers,
@@ -537,11 +537,12 @@ class Executor:
         p0 = {name: jax.tree_util.tree_map(jnp.zeros_like, lparams[name]) for name in in_loop}
         _, ct, p_acc = lax.while_loop(lambda s: s[0] >= 0, body, (jnp.asarray(arrays.n_items) - 1, ct, p0))
         # Every row's cotangent is now whole (its readers ran before it in reverse order).
-        grads = [(self.ops[layout.loop_ops[q]].layer, self._weight_pass(q, lparams, arenas, ct, arrays, layout, key,
-                                                                        plans, buffers, saved)) for q in after]
-        for layer, g in grads:
-            assert layer is not None
-            p_acc[layer.name] = g if layer.name not in p_acc else jax.tree_util.tree_map(jnp.add, p_acc[layer.name], g)
+        for q in after:
+            g = self._weight_pass(q, lparams, arenas, ct, arrays, layout, key, plans, buffers, saved)
+            layer = self.ops[layout.loop_ops[q]].layer
+            assert layer is not None  # _weights_after keeps operations with a layer
+            name = layer.name
+            p_acc[name] = jax.tree_util.tree_map(jnp.add, p_acc[name], g) if name in p_acc else g
         return p_acc, ct
 
     def _make_run(self, layout: BatchLayout) -> _Run:

@@ -49,7 +49,7 @@ from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, M
 from fold.scheduler.schedule import TINY_BATCH, item_sizes, next_pow2, padded_rows, piece_rows
 
 __all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "PLAN_AHEAD", "SAVED_SHARE", "SPREAD", "LayoutPolicy", "computed_rows",
-           "empty", "fits", "join", "pad_to"]
+           "empty", "fits", "join", "pad_to", "saved_floor"]
 
 logger = logging.getLogger("fold")
 
@@ -65,8 +65,8 @@ PLAN_AHEAD = 16
 # A planned size class holds the sample's mean need plus this many standard deviations.
 SPREAD = 4.0
 
-# A loop operation that saves has at least A // SAVED_SHARE rows of saved buffers (the policy of
-# fold/compiler/saving.py gives a batch that many; layouts keep the floor when A grows): loop rows
+# A loop operation that saves has at least A // SAVED_SHARE rows of saved buffers (``saved_floor``,
+# which the policy of fold/compiler/saving.py and the layouts both apply): loop rows
 # are a minority of a tree's nodes (SST: about an eighth, a quarter of A once items are padded), so
 # most batches get exactly that, a size fixed by A that adds no compilations of its own
 # (per-batch powers of two doubled the layouts of a multi-operation model).
@@ -174,7 +174,7 @@ def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
     saved_rows: tuple[int, ...] = ()
     if a.saved_rows:
         sa, sb = _saved_of(a), _saved_of(b)
-        saved_rows = _saved_floor(tuple(grow(sa.get(o, 0), sb.get(o, 0)) for o in loop_ops), A)
+        saved_rows = saved_floor(tuple(grow(sa.get(o, 0), sb.get(o, 0)) for o in loop_ops), A)
     # Hoisted groups: one per operation, sorted (they read only constants, so any order is right).
     ha, hb = dict(zip(a.hoist_ops, a.hoist_sizes)), dict(zip(b.hoist_ops, b.hoist_sizes))
     hoist_ops = tuple(sorted(set(ha) | set(hb)))
@@ -332,7 +332,7 @@ class LayoutPolicy:
                                                                    b.layout.tail_sizes, joined.tail_ops,
                                                                    joined.tail_sizes) for b in members]),
                 # An operation no member saves gets no rows: rows would make it save (``fits``).
-                saved_rows=_saved_floor(bounded(joined.saved_rows, saved, keep_zeros=True), A) if joined.saved_rows
+                saved_rows=saved_floor(bounded(joined.saved_rows, saved, keep_zeros=True), A) if joined.saved_rows
                 else ())
             self._hand_out(layout, f"planned from {len(members)} of the batches ahead")
 
@@ -366,8 +366,8 @@ class LayoutPolicy:
                     len(layout.loop_ops), len(layout.hoist_ops), len(layout.tail_ops))
 
 
-def _saved_floor(saved_rows: Ints, size_class: int) -> Ints:
-    """``saved_rows`` with each saving operation's rows raised to ``size_class``'s floor
+def saved_floor(saved_rows: Ints, size_class: int) -> Ints:
+    """``saved_rows`` with each saving operation's rows (non-zero) raised to ``size_class``'s floor
     (``SAVED_SHARE``): a layout whose size class grew past its batches' would otherwise turn
     away the batches of that size class, whose own layouts ask for the floor."""
     return tuple(max(rows, size_class // SAVED_SHARE) if rows else 0 for rows in saved_rows)
