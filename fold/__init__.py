@@ -57,7 +57,7 @@ from fold.blocks.types import (
     VoidType,
     convert_to_type,
 )
-from fold.checkpoint import load_checkpoint, save_checkpoint
+from fold.checkpoint import checkpoint_metadata, load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.sharding import ShardedBatch
@@ -79,5 +79,5 @@ __all__ = [
     "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
     "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type",
     "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
-    "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
+    "checkpoint_metadata", "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
 ]

@@ -5,7 +5,8 @@ alone and a restore can say exactly which entry is missing or has the wrong shap
 takes a template of the same structure (``compiler.init(key)``, ``optimizer.init(params)``),
 which gives the containers back their types (optax states are named tuples, Equinox and Flax
 parameters are modules); layer names are the keys, so a model rebuilt with the same names in
-another process loads the file.
+another process loads the file. A checkpoint can also carry JSON metadata (a run's history and
+settings, say), read back with ``checkpoint_metadata``.
 
 Examples:
     >>> import fold as fd, jax, tempfile, os
@@ -20,8 +21,10 @@ Examples:
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+from collections.abc import Mapping
 import secrets
 import zipfile
 
@@ -30,28 +33,41 @@ import numpy as np
 
 from fold.typing import PyTree
 
-__all__ = ["save_checkpoint", "load_checkpoint"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_metadata"]
 
 _KEY_PREFIX = "__prng_key__:"  # typed PRNG keys are stored as their raw key data
 # JAX's own dtypes (bfloat16, the float8 types), which the .npy format stores as nameless bytes
 # ("|V2"), are stored as unsigned ints of their width under "__dtype__:NAME:" and the key.
 _DTYPE_PREFIX = "__dtype__:"
+_METADATA = "__metadata__"  # JSON as UTF-8 bytes (a uint8 array), so it is written with the arrays, atomically
 
 
 def _entries(tree: PyTree) -> list[tuple[str, object]]:
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def save_checkpoint(path: str | os.PathLike[str], tree: PyTree) -> None:
+def save_checkpoint(path: str | os.PathLike[str], tree: PyTree, metadata: Mapping[str, object] | None = None) -> None:
     """Writes the arrays of ``tree`` (any pytree of arrays and numbers) to ``path`` (``.npz``).
 
-    The file is written next to ``path`` and renamed over it, so an interrupted save leaves the
-    previous checkpoint intact.
+    The file is written next to ``path`` (as ``NAME.<random hex>.tmp``) and renamed over it, so an
+    interrupted save leaves the previous checkpoint intact.
+
+    Args:
+      path: the ``.npz`` file.
+      tree: the arrays.
+      metadata: JSON-serialisable values saved in the same file (so they always match its
+        arrays), read back with ``checkpoint_metadata``.
 
     Raises:
-      TypeError: a leaf is not an array or a number.
+      TypeError: a leaf is not an array or a number, or ``metadata`` is not JSON-serialisable.
     """
     arrays: dict[str, np.ndarray] = {}
+    if metadata is not None:
+        try:
+            text = json.dumps(dict(metadata), allow_nan=True)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"cannot save the metadata of {path}: {e}") from None
+        arrays[_METADATA] = np.frombuffer(text.encode(), np.uint8)
     for key, leaf in _entries(tree):
         if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             arrays[_KEY_PREFIX + key] = np.asarray(jax.random.key_data(leaf))
@@ -94,12 +110,7 @@ def load_checkpoint(path: str | os.PathLike[str], like: PyTree) -> PyTree:
         checkpoint (another format, or a truncated file).
       FileNotFoundError: there is no file at ``path``.
     """
-    try:
-        with np.load(path, allow_pickle=False) as stored:
-            files = dict(_stored_entry(k, stored[k]) for k in stored.files)
-    except (ValueError, zipfile.BadZipFile, EOFError) as e:  # OSErrors (no file) name the path already
-        raise ValueError(f"{path} is not a checkpoint that save_checkpoint wrote (truncated, or another "
-                         f"format): {e}") from None
+    files = dict(_stored_entry(k, v) for k, v in _read(path).items() if k != _METADATA)
     entries = _entries(like)
     missing = [k for k, _ in entries if k not in files]
     extra = sorted(set(files) - {k for k, _ in entries})
@@ -125,6 +136,31 @@ def load_checkpoint(path: str | os.PathLike[str], like: PyTree) -> PyTree:
                              f"{want.shape} and {want.dtype}")
         leaves.append(jax.numpy.asarray(value) if isinstance(template, jax.Array) else value)
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
+
+
+def checkpoint_metadata(path: str | os.PathLike[str]) -> dict[str, object]:
+    """The metadata ``save_checkpoint`` wrote to ``path`` (empty if it wrote none).
+
+    Raises:
+      ValueError: ``path`` is not a checkpoint (another format, or a truncated file).
+      FileNotFoundError: there is no file at ``path``.
+    """
+    stored = _read(path).get(_METADATA)
+    if stored is None:
+        return {}
+    out = json.loads(stored.tobytes().decode())
+    assert isinstance(out, dict)
+    return out
+
+
+def _read(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every entry of the ``.npz`` file at ``path``."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            return {k: stored[k] for k in stored.files}
+    except (ValueError, zipfile.BadZipFile, EOFError) as e:  # OSErrors (no file) name the path already
+        raise ValueError(f"{path} is not a checkpoint that save_checkpoint wrote (truncated, or another "
+                         f"format): {e}") from None
 
 
 def _stored_entry(name: str, value: np.ndarray) -> tuple[str, tuple[bool, np.ndarray]]:

@@ -50,7 +50,10 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import pathlib
+import re
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
@@ -60,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fold.checkpoint import load_checkpoint, save_checkpoint
+from fold.checkpoint import checkpoint_metadata, load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler, check_compiler
 from fold.compiler.result import Result
 from fold.errors import check_examples, check_int
@@ -72,8 +75,11 @@ __all__ = ["Trainer", "TrainState", "FitResult"]
 
 logger = logging.getLogger("fold")
 
-# Files a run keeps in its checkpoint_dir.
+# Files a run keeps in its checkpoint_dir. last.npz carries the history and the run's settings as
+# metadata, so that they always match its state; history.json is a copy to read.
 LAST, BEST, HISTORY = "last.npz", "best.npz", "history.json"
+# What a save killed halfway leaves behind (``save_checkpoint``'s and ``_write_text``'s temp files).
+_TEMP = re.compile(rf"({re.escape(LAST)}|{re.escape(BEST)}|{re.escape(HISTORY)})\.[0-9a-f]{{16}}\.tmp")
 
 
 Record = dict[str, "int | float | bool | np.ndarray"]
@@ -216,14 +222,20 @@ class _Run:
     pending: _Step | None = None  # the last step, its loss not yet read
     batches: Iterator[Batch] | None = None  # the epoch's batches, while it runs
     stopped: str = "epochs"
+    settings: dict[str, object] = dataclasses.field(default_factory=dict)  # what a resume must match
 
     def save(self) -> None:
-        """Writes the last state and the history to the checkpoint directory, if there is one."""
+        """Writes the last state, with the history and settings, to the checkpoint directory (if
+        there is one), then the history's readable copy."""
         directory = self.options.directory
         if directory is None:
             return
-        save_checkpoint(directory / LAST, self.state._asdict())
-        (directory / HISTORY).write_text(json.dumps(self.history, indent=1) + "\n")
+        # The losses since the last evaluation (the pending step's too: the state includes it) go
+        # with the state, so a resumed run's next evaluation reports them as an unbroken one would.
+        losses = self.losses + ([float(self.pending.loss)] if self.pending is not None else [])
+        save_checkpoint(directory / LAST, self.state._asdict(),
+                        {"history": self.history, "settings": self.settings, "losses": losses})
+        _write_text(directory / HISTORY, json.dumps(self.history, indent=1) + "\n")
 
     def keep_if_best(self, record: Record) -> bool:
         """Keeps the current parameters if ``record``'s monitored score is the best so far (marking
@@ -440,6 +452,10 @@ class Trainer:
         per_epoch = _steps_per_epoch(len(train), self.batch_size, options.drop_remainder)
         state = self.init(params)
         run = _Run(state, state.params, [], options, train, dev, per_epoch, _writer(log_dir))
+        run.settings = {"batch_size": self.batch_size, "seed": self.seed, "train_examples": len(train),
+                        "drop_remainder": options.drop_remainder}
+        if options.directory is not None:
+            _remove_temp_files(options.directory)
         if options.resume and options.directory is not None and (options.directory / LAST).exists():
             self._restore(run)
         run.bar = _bar(self.progress, total=options.epochs * per_epoch, initial=int(run.state.step), desc="training")
@@ -449,6 +465,8 @@ class Trainer:
     def _epochs(self, run: _Run) -> str:
         """Runs the epochs left; returns why they stopped (``"epochs"`` or ``"early_stopping"``)."""
         stopped = "epochs"
+        if self._owes_evaluation(run) and self._evaluate(run):
+            return "early_stopping"
         while int(run.state.epoch) < run.options.epochs:
             if self._epoch(run):
                 stopped = "early_stopping"
@@ -493,6 +511,16 @@ class Trainer:
         first = int(s.epoch_step) * self.batch_size
         self._log_loss(run, _Step(int(s.step) + 1, loss, s, order[first:first + self.batch_size]))
 
+    @staticmethod
+    def _owes_evaluation(run: _Run) -> bool:
+        """Whether a resumed run stopped where an evaluation was due but not recorded (one that a
+        Ctrl-C or a kill interrupted after the state was saved at its step)."""
+        step = int(run.state.step)
+        if step == 0 or (run.history and run.history[-1]["step"] >= step):
+            return False
+        every = run.options.eval_every
+        return step % every == 0 if every is not None else int(run.state.epoch_step) == 0
+
     def _evaluate(self, run: _Run) -> bool:
         """Records an evaluation (the train loss since the last one, dev metrics, scores), keeps the
         best parameters and saves the run; True when it asks to stop early."""
@@ -501,11 +529,11 @@ class Trainer:
         self._log_loss(run, None)
         record["train_loss"] = float(np.mean(run.losses)) if run.losses else math.nan
         record["seconds"] = round(time.perf_counter() - run.started, 3)
-        run.losses = []
         if run.dev is not None:
             record.update({f"dev_{k}": v for k, v in self.evaluate(state.params, run.dev).items()})
         if run.options.scores is not None:
             record.update(run.options.scores(state.params))
+        run.losses = []  # only now: an evaluation interrupted before here is made again on resume, with them
         stop = run.options.evaluates and run.keep_if_best(record)
         run.history.append(record)
         self._report(record, run.writer)
@@ -518,14 +546,25 @@ class Trainer:
         assert directory is not None
         template = run.state._replace(step=np.int64(0), epoch=np.int64(0), epoch_step=np.int64(0),
                                       best=np.float64(0), stale=np.int64(0))
+        saved = checkpoint_metadata(directory / LAST)
+        _check_settings(directory, saved.get("settings"), run.settings)
         restored = TrainState(**load_checkpoint(directory / LAST, template._asdict()))
         run.state = restored._replace(step=int(restored.step), epoch=int(restored.epoch),
                                       epoch_step=int(restored.epoch_step), best=float(restored.best),
                                       stale=int(restored.stale))
         has_best = (directory / BEST).exists()
         run.best_params = load_checkpoint(directory / BEST, run.state.params) if has_best else run.state.params
-        if (directory / HISTORY).exists():
-            run.history = json.loads((directory / HISTORY).read_text())
+        run.losses = [float(x) for x in saved.get("losses", [])]  # type: ignore[attr-defined]
+        if "history" in saved:
+            history = saved["history"]
+            assert isinstance(history, list)
+            run.history = history
+        elif (directory / HISTORY).exists():  # a checkpoint from before last.npz carried the history
+            try:
+                run.history = json.loads((directory / HISTORY).read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{directory / HISTORY} is not a history that fit wrote ({e}): move it away to "
+                                 "resume without the evaluations before this point") from None
         logger.info("resumed from %s at step %d (epoch %d)", directory / LAST, run.state.step, run.state.epoch)
 
     def _log_loss(self, run: _Run, step: _Step | None) -> None:
@@ -655,6 +694,40 @@ class Trainer:
         if not parts:
             raise ValueError("predict got no examples")
         return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def _write_text(path: pathlib.Path, text: str) -> None:
+    """Writes ``path`` next to itself and renames it over ``path``: a reader sees the old or the
+    new file whole, never a torn one."""
+    tmp = path.parent / f"{path.name}.{secrets.token_hex(8)}.tmp"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _remove_temp_files(directory: pathlib.Path) -> None:
+    """Removes what saves killed halfway (SIGKILL, power loss) left in a run's ``directory``."""
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        if _TEMP.fullmatch(path.name):
+            logger.info("removing %s, left by a save that was killed halfway", path)
+            path.unlink(missing_ok=True)
+
+
+def _check_settings(directory: pathlib.Path, saved: object, now: dict[str, object]) -> None:
+    """Refuses to resume a run with settings that change its batches (its epochs would then visit
+    other examples than the run it continues)."""
+    if not isinstance(saved, dict):
+        return  # saved before checkpoints carried their settings
+    differ = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in now if k in saved and saved[k] != now[k]]
+    if differ:
+        raise ValueError(f"resume=True: the run in {directory} was trained with {', '.join(differ)}; resuming "
+                         "with other settings would not continue it. Resume with its settings, or pass "
+                         "overwrite=True to start a new run there")
 
 
 def _finite(tree: PyTree) -> bool:

@@ -16,7 +16,7 @@ PUBLIC = [
     "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
     "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type",
     "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
-    "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
+    "checkpoint_metadata", "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
 ]
 
 

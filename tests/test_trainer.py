@@ -405,3 +405,70 @@ def test_a_finished_run_is_not_overwritten_by_a_new_one(tmp_path):
     assert leaves_equal(again.params, first.params)  # a new run from the start, in the same directory
     assert json.loads((tmp_path / "history.json").read_text()) == again.history
 
+
+
+def test_resuming_with_another_batch_size_or_seed_is_refused(tmp_path):
+    """A resumed run with another batch size was accepted silently (its epoch then covered 240 of
+    256 examples); another seed visits other examples in the epochs left."""
+    trainer().fit(data(), epochs=1, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"trained with batch_size 8 \(now 16\); resuming .* overwrite=True"):
+        trainer(batch_size=16).fit(data(), epochs=2, checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(ValueError, match=r"seed 0 \(now 3\)"):
+        trainer(seed=3).fit(data(), epochs=2, checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(ValueError, match=r"train_examples 40 \(now 32\)"):
+        trainer().fit(data(32), epochs=2, checkpoint_dir=tmp_path, resume=True)
+    assert int(trainer().fit(data(), epochs=2, checkpoint_dir=tmp_path, resume=True).state.step) == 10
+
+
+def test_the_history_travels_with_the_last_state(tmp_path):
+    """``history.json`` was written after ``last.npz``, and not atomically: a kill between them lost
+    an evaluation record, and a torn file made resume raise a bare JSONDecodeError. The history now
+    goes into ``last.npz`` with the state; ``history.json`` is a copy."""
+    full = trainer().fit(data(), epochs=3, dev=data(8, 1))
+    trainer().fit(data(), epochs=1, dev=data(8, 1), checkpoint_dir=tmp_path)
+    assert fd.checkpoint_metadata(tmp_path / "last.npz")["history"] == json.loads((tmp_path / "history.json").read_text())
+    (tmp_path / "history.json").write_text('[{"step": 5, "ep')  # torn
+    resumed = trainer().fit(data(), epochs=3, dev=data(8, 1), checkpoint_dir=tmp_path, resume=True)
+    assert [r["step"] for r in resumed.history] == [5, 10, 15]
+    assert [r["dev_loss"] for r in resumed.history] == [r["dev_loss"] for r in full.history]
+    assert json.loads((tmp_path / "history.json").read_text()) == resumed.history
+
+
+def test_a_torn_history_of_an_older_checkpoint_is_a_clear_error(tmp_path):
+    run = trainer().fit(data(), epochs=1, checkpoint_dir=tmp_path)
+    fd.save_checkpoint(tmp_path / "last.npz", run.state._asdict())  # as older versions wrote it
+    (tmp_path / "history.json").write_text("[{")
+    with pytest.raises(ValueError, match=r"history.json is not a history that fit wrote .* move it away"):
+        trainer().fit(data(), epochs=2, checkpoint_dir=tmp_path, resume=True)
+
+
+def test_files_of_saves_killed_halfway_are_removed(tmp_path):
+    trainer().fit(data(), epochs=1, checkpoint_dir=tmp_path)
+    left = [tmp_path / "last.npz.0123456789abcdef.tmp", tmp_path / "history.json.fedcba9876543210.tmp"]
+    for path in left:
+        path.write_bytes(b"\0" * 1000)
+    (tmp_path / "notes.tmp").write_text("the user's")
+    trainer().fit(data(), epochs=2, checkpoint_dir=tmp_path, resume=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.json", "last.npz", "notes.tmp"]
+
+
+def test_an_evaluation_interrupted_after_its_step_is_made_on_resume(tmp_path):
+    """A Ctrl-C during an evaluation saved the state at its step, and the resumed run went on to
+    the next one: that evaluation was missing from the history for good."""
+    calls = []
+
+    def interrupt_second(params):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return {"w": float(np.asarray(params["linear"]["w"]).sum())}
+
+    def score(params):
+        return {"w": float(np.asarray(params["linear"]["w"]).sum())}
+
+    full = trainer().fit(data(), epochs=2, scores=score, eval_every=3)
+    stopped = trainer().fit(data(), epochs=2, scores=interrupt_second, eval_every=3, checkpoint_dir=tmp_path)
+    assert stopped.stopped == "interrupted" and [r["step"] for r in stopped.history] == [3]
+    resumed = trainer().fit(data(), epochs=2, scores=score, eval_every=3, checkpoint_dir=tmp_path, resume=True)
+    keys = ("step", "epoch", "train_loss", "w")
+    assert [{k: r[k] for k in keys} for r in resumed.history] == [{k: r[k] for k in keys} for r in full.history]

@@ -6,9 +6,10 @@ plumbing: they never run on the device.
 
 from __future__ import annotations
 
+
 import functools
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -245,7 +246,12 @@ class FromTensor(Block):
 
 
 class InputTransform(Block):
-    """A Python function applied to the host input (free: no device work)."""
+    """A Python function applied to the host input (free: no device work).
+
+    An iterator that ``py_fn`` returns (a generator, ``map(float, s.split())``)
+    is read into a list, once: every block that reads the result sees all of
+    its items, where an iterator would be exhausted by the first.
+    """
 
     _leaf = True
 
@@ -256,7 +262,8 @@ class InputTransform(Block):
         super().__init__(name, PyObjectType(), PyObjectType())
 
     def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
-        return self.py_fn(x)
+        out = self.py_fn(x)
+        return list(out) if isinstance(out, Iterator) else out
 
     def mismatch_hint(self, side: str) -> str | None:
         if side != "input":

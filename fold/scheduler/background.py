@@ -26,7 +26,9 @@ inherited: a later call's examples did not exist at fork time.
 
 Failure handling: an exception raised while building (a malformed example)
 is re-raised in the consumer with its natural type; a worker that dies
-raises a ``RuntimeError`` in the consumer instead of hanging; and closing
+raises a ``RuntimeError`` in the consumer instead of hanging, and so does one
+stopped (SIGSTOP) for ``STOPPED_SECONDS``; workers whose consumer dies, even
+by SIGKILL, read an end of file and exit; and closing
 the generator early (``break``, an exception or KeyboardInterrupt in the
 consumer) stops the workers. A pool is only reused when nothing is left
 in flight, so a later call never reads an earlier call's batches.
@@ -72,6 +74,10 @@ Build: TypeAlias = Callable[[Chunk], Batch]
 """Builds the batch of one chunk of examples (``Batcher.build_own``: NumPy only)."""
 
 _JOIN_SECONDS = 2.0  # how long a stopping worker may take to finish its batch before it is killed
+# How often the consumer, waiting for a batch, checks that its worker is not stopped (SIGSTOP, a
+# debugger), and how long a worker may stay stopped before the consumer gives up on it.
+_STOPPED_CHECK_SECONDS = 1.0
+STOPPED_SECONDS = 10.0
 
 
 def uses_processes() -> bool:
@@ -112,7 +118,9 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None
     examples, would wait for each other forever.
     """
     for c in inherited:
-        c.close()  # other workers' parent ends: holding them would hide those pipes' end of file
+        # The parent's ends (ours and other workers'): holding them would hide those pipes' end of
+        # file, and ours is how a worker learns that its consumer died (even by SIGKILL).
+        c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
     jobs: queue.SimpleQueue[Chunk | ByReference | None] = queue.SimpleQueue()
 
@@ -165,7 +173,7 @@ class WorkerPool:
             try:
                 for _ in range(n):
                     mine, theirs = ctx.Pipe()
-                    proc = ctx.Process(target=_worker, args=(theirs, list(_open_conns), build),
+                    proc = ctx.Process(target=_worker, args=(theirs, [*_open_conns, mine], build),
                                        daemon=True, name="fold-batch-builder")
                     proc.start()
                     theirs.close()  # only the worker holds its writing end, so its death reads as end of file
@@ -203,8 +211,12 @@ class WorkerPool:
         """The batch of job ``i``, or its exception raised here."""
         w = i % len(self.conns)
         conn, proc = self.conns[w], self.procs[w]
+        stopped_since: float | None = None
         while True:
-            ready = wait([conn, proc.sentinel])
+            ready = wait([conn, proc.sentinel], timeout=_STOPPED_CHECK_SECONDS)
+            if not ready:
+                stopped_since = _stopped_since(proc, stopped_since)
+                continue
             if conn in ready:
                 try:
                     ok, value, remote_tb = conn.recv()
@@ -243,6 +255,32 @@ class WorkerPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+
+
+def _stopped_since(proc: BaseProcess, since: float | None) -> float | None:
+    """When ``proc`` was first seen stopped in the wait under way (None while it runs); raises
+    once it has stayed stopped for ``STOPPED_SECONDS``, instead of waiting for it forever."""
+    if not _is_stopped(proc.pid):
+        return None
+    now = time.monotonic()
+    if since is None:
+        return now
+    if now - since >= STOPPED_SECONDS:
+        raise RuntimeError(
+            f"batch-building worker process {proc.pid} has been stopped (SIGSTOP or a debugger) for "
+            f"{now - since:.0f} s while this process waits for its batch; continue it (kill -CONT "
+            f"{proc.pid}) and retry, or use num_workers=0 to build in this process")
+    return since
+
+
+def _is_stopped(pid: int | None) -> bool:
+    """Whether process ``pid`` is stopped (state T or t in Linux's /proc; False where that is unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The state follows the command name, which is in parentheses and may hold any character.
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 class IdlePool:

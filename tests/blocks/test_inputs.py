@@ -71,6 +71,16 @@ def test_input_transform_and_identity_and_void():
         fd.InputTransform(3)
 
 
+def test_an_input_transform_returning_an_iterator_feeds_every_reader():
+    """``map(float, s.split())`` feeding two readers: the second saw it exhausted (3 and 0 for 3 and 6)."""
+    both = fd.InputTransform(lambda s: map(float, s.split())) >> fd.AllOf(
+        fd.Map(fd.Scalar()) >> fd.Sum(), fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum())
+    compiler = fd.Compiler.create(both)
+    out = compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch(["1 2", "3 4 5"])).outputs
+    np.testing.assert_allclose(np.asarray(out[0]), [3, 12])
+    np.testing.assert_allclose(np.asarray(out[1]), [6, 24])
+
+
 def test_one_hot():
     np.testing.assert_array_equal(fd.OneHot(3).eval(1), [0, 1, 0])
     np.testing.assert_array_equal(fd.OneHot(2, 5, dtype="int32").eval(4), [0, 0, 1])

@@ -381,3 +381,68 @@ def test_a_worker_forked_during_a_build_on_another_thread_collects_garbage():
         release.set()
         thread.join()
     assert gc.isenabled()
+
+
+_CONSUMER = """
+import sys, time
+import fold as fd
+compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: x * 3.0)) >> fd.Sum())
+batches = compiler.batches([[1.0] * 50] * 4000, 4, num_workers=2)
+next(batches)
+import multiprocessing
+print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_workers_exit_when_their_consumer_is_killed(tmp_path):
+    """Each worker kept its consumer's end of its own pipe open, so a consumer killed by SIGKILL
+    left workers that never saw an end of file, never exited, and held the consumer's stdout
+    open: whatever read that output waited forever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "consumer.py"
+    script.write_text(_CONSUMER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(p) for p in map(os.path.abspath, ["."])])}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.stdout is not None
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    assert len(workers) == 2
+    proc.kill()
+    proc.wait()
+    start = time.monotonic()
+    for pid in workers:
+        while time.monotonic() - start < 30:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            for orphan in workers:
+                os.kill(orphan, signal.SIGKILL)
+            pytest.fail(f"worker {pid} outlived its consumer by 30 s")
+    assert proc.stdout.read() == b""  # returns once no process holds the pipe's writing end
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_a_stopped_worker_raises_instead_of_blocking_forever(monkeypatch):
+    monkeypatch.setattr(background, "STOPPED_SECONDS", 1.5)
+    compiler = _model()
+    gen = compiler.batches([[1.0] * 50] * 400, 4, num_workers=2)
+    next(gen)
+    workers = [p for p in multiprocessing.active_children() if p.name == "fold-batch-builder"]
+    for p in workers:
+        os.kill(p.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"worker process \d+ has been stopped .*kill -CONT"):
+            for _ in gen:
+                pass
+        assert time.monotonic() - start < 30
+    finally:
+        gen.close()  # kills the stopped workers
+    assert not any(p.is_alive() for p in workers)
