@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Mapping
 import secrets
 import zipfile
+from collections.abc import Mapping
 
 import jax
 import numpy as np

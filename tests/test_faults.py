@@ -10,6 +10,7 @@ bit-identical to a run never interrupted. A few cases run in CI; ``-m slow`` run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -38,27 +39,28 @@ import fold as fd
 from fold.scheduler import background
 
 directory, pids, out, resume = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+n, epochs = int(sys.argv[5]), int(sys.argv[6])
 background.STOPPED_SECONDS = 1.0
 model = (fd.Record((fd.Map(fd.Vector(3) >> fd.FC(8, name="embed")) >> fd.Fold(fd.Concat() >> fd.FC(8, name="cell"),
                                                                               fd.Zeros(8)), fd.Scalar()))
          >> fd.Function(lambda h, y: (h.sum(-1) - y) ** 2) >> fd.Metric("loss") >> fd.Void())
 rng = np.random.default_rng(0)
-data = [([rng.normal(size=3).tolist() for _ in range(1 + i % 5)], float(rng.normal())) for i in range({n})]
+data = [([rng.normal(size=3).tolist() for _ in range(1 + i % 5)], float(rng.normal())) for i in range(n)]
 
 
 def score(params):
     pids.write_text(" ".join(str(p.pid) for p in multiprocessing.active_children()))
-    return {{"w": float(np.asarray(params["cell"]["w"]).sum())}}
+    return {"w": float(np.asarray(params["cell"]["w"]).sum())}
 
 
 trainer = fd.Trainer(fd.Compiler.create(model), optax.adam(0.01), batch_size=4, num_workers=2, progress=False)
-run = trainer.fit(data, epochs={epochs}, scores=score, eval_every=1, checkpoint_dir=directory, resume=resume,
+run = trainer.fit(data, epochs=epochs, scores=score, eval_every=1, checkpoint_dir=directory, resume=resume,
                   overwrite=not resume)
 if run.stopped != "interrupted":
-    flat = {{jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(run.params)[0]}}
+    flat = {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(run.params)[0]}
     np.savez(out, **flat)
     pathlib.Path(out + ".history").write_text(json.dumps(run.history))
-""".format(n=4 * STEPS_PER_EPOCH, epochs=EPOCHS)
+"""
 
 
 def _start(tmp: pathlib.Path, directory: pathlib.Path, resume: bool) -> tuple[subprocess.Popen[bytes], pathlib.Path,
@@ -67,7 +69,8 @@ def _start(tmp: pathlib.Path, directory: pathlib.Path, resume: bool) -> tuple[su
     script.write_text(_RUN)
     pids, out = tmp / "pids", str(tmp / ("resumed.npz" if resume else "full.npz"))
     pids.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, str(script), str(directory), str(pids), out, "1" if resume else "0"],
+    proc = subprocess.Popen([sys.executable, str(script), str(directory), str(pids), out, "1" if resume else "0",
+                             str(4 * STEPS_PER_EPOCH), str(EPOCHS)],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return proc, pids, out
@@ -123,8 +126,10 @@ def _fault(tmp: pathlib.Path, how: str, after: float,
     time.sleep(after)
     workers = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
     if how == "SIGSTOP a worker":
-        if workers and proc.poll() is None:
-            os.kill(workers[0], signal.SIGSTOP)
+        live = [p for p in workers if _alive(p)]  # the run may have ended, or replaced its pool
+        if live and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(live[0], signal.SIGSTOP)
         proc.communicate(timeout=120)  # fit raises: the worker has been stopped (STOPPED_SECONDS)
     else:
         proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGINT)

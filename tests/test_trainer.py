@@ -426,7 +426,8 @@ def test_the_history_travels_with_the_last_state(tmp_path):
     goes into ``last.npz`` with the state; ``history.json`` is a copy."""
     full = trainer().fit(data(), epochs=3, dev=data(8, 1))
     trainer().fit(data(), epochs=1, dev=data(8, 1), checkpoint_dir=tmp_path)
-    assert fd.checkpoint_metadata(tmp_path / "last.npz")["history"] == json.loads((tmp_path / "history.json").read_text())
+    saved = fd.checkpoint_metadata(tmp_path / "last.npz")["history"]
+    assert saved == json.loads((tmp_path / "history.json").read_text())
     (tmp_path / "history.json").write_text('[{"step": 5, "ep')  # torn
     resumed = trainer().fit(data(), epochs=3, dev=data(8, 1), checkpoint_dir=tmp_path, resume=True)
     assert [r["step"] for r in resumed.history] == [5, 10, 15]

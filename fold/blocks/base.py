@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 __all__ = ["Block", "convert_to_block", "Repeat", "run_leaf", "scope_stack", "set_child", "unify"]
 
 _scopes = threading.local()
+# Type propagation's depth on this thread, and the blocks it left to infer from (``Block._changed``).
+_propagation = threading.local()
+_PROPAGATION_DEPTH = 32
 
 
 def run_leaf(block: Step, x: HostValue, ctx: HostContext, label: PyObject = None) -> HostValue:
@@ -245,9 +248,30 @@ class Block(metaclass=_BlockMeta):
         return None
 
     def _changed(self) -> None:
-        for block in [self, *self._listeners]:
-            if block._ready:
-                block._infer()
+        # Recursive up to ``_PROPAGATION_DEPTH`` levels, a worklist below: in a chain of a thousand
+        # ``>>`` (or a hundred nested ``GetItem``s) a type set at one end reaches the other
+        # through every block between, each level several Python frames (RecursionError). Above
+        # that depth, a mismatch is explained by the blocks where it arises, as always.
+        depth: int = getattr(_propagation, "depth", 0)
+        if depth >= _PROPAGATION_DEPTH:
+            _propagation.pending.extend([self, *self._listeners])
+            return
+        drains = depth == _PROPAGATION_DEPTH - 1
+        _propagation.depth = depth + 1
+        if drains:
+            _propagation.pending = []
+        try:
+            for block in [self, *self._listeners]:
+                if block._ready:
+                    block._infer()
+            while drains and _propagation.pending:
+                block = _propagation.pending.pop(0)
+                if block._ready:
+                    block._infer()
+        finally:
+            _propagation.depth = depth
+            if drains:
+                _propagation.pending = []
 
     def _listen(self, child: Block) -> None:
         if self not in child._listeners:

@@ -6,7 +6,6 @@ plumbing: they never run on the device.
 
 from __future__ import annotations
 
-
 import functools
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator

@@ -420,7 +420,7 @@ class Compiler:
             if batch.owner != self._batcher.token:
                 raise ValueError("this batch was built by another compiler: its rows hold another model's values; "
                                  "build it with this compiler's build_batch or batches")
-            if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
+            if not _traced(params, batch, key):
                 jitted: Result = self._apply_jit(params, batch, key)
                 return jitted
             return sharding.apply_sharded(self._apply, params, batch, key)
@@ -431,7 +431,7 @@ class Compiler:
                              "build it with this compiler's build_batch or batches")
         if key is not None and not is_key(key):
             raise TypeError(f"key must be a PRNG key such as jax.random.key(0), got {key!r}")
-        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, batch, key))):
+        if not _traced(params, batch, key):
             result: Result = self._apply_jit(params, batch, key)
             return result
         if isinstance(batch.arrays.n_items, jax.core.Tracer):
@@ -546,3 +546,10 @@ def check_compiler(value: object, where: str) -> Compiler:
     if not isinstance(value, Compiler):
         raise TypeError(f"{where} takes a Compiler (fd.Compiler.create(model)), got {type(value).__name__}")
     return value
+
+
+def _traced(*args: object) -> bool:
+    """Whether ``apply`` runs inside a trace (its own jitted copy's, or the caller's), or eagerly under
+    ``jax.disable_jit()``: else it calls its jitted copy, which would call it again forever."""
+    disabled: bool = jax.config.jax_disable_jit  # type: ignore[attr-defined]  # set by jax.disable_jit()
+    return disabled or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))

@@ -64,10 +64,16 @@ class Fused:
 
 
 def _chain(pipe: Pipe) -> list[Block]:
-    """``pipe``'s blocks in order, nested pipes flattened."""
+    """``pipe``'s blocks in order, nested pipes flattened (without recursion: a chain of a thousand
+    ``>>`` is a thousand nested pipes)."""
     out: list[Block] = []
-    for b in pipe.children():
-        out.extend(_chain(b) if isinstance(b, Pipe) else [b])
+    stack: list[Block] = [pipe]
+    while stack:
+        b = stack.pop()
+        if isinstance(b, Pipe):
+            stack.extend(reversed(list(b.children())))
+        else:
+            out.append(b)
     return out
 
 

@@ -127,3 +127,22 @@ def test_a_layer_whose_init_cannot_be_traced_keeps_the_output_type_its_place_giv
     with pytest.raises(TypeError, match=r"its layer's init reads a traced value on the host "
                                         r"\(ConcretizationTypeError\).*draw with jax.random from init's key"):
         fd.Vector(4) >> HostSeeded()
+
+
+def test_deep_models_compile_without_recursion_errors():
+    """A chain of 1,000 ``>>`` (either way round) and 100 nested ``GetItem``s or ``Record``s raised
+    RecursionError: type propagation and pipe fusion recursed once per level."""
+    left = fd.Scalar()
+    for _ in range(1000):
+        left = left >> fd.Function(lambda x: x + 1.0)
+    right = fd.Function(lambda x: x + 1.0)
+    for _ in range(999):
+        right = fd.Function(lambda x: x + 1.0) >> right
+    gets, records, nested, keyed = fd.Scalar(), fd.Scalar(), 3.0, 3.0
+    for _ in range(100):
+        gets, records, nested, keyed = fd.GetItem(0) >> gets, fd.Record({"a": records}), [nested], {"a": keyed}
+    for block, example, want in [(left, 1.0, 1001.0), (fd.Scalar() >> right, 1.0, 1001.0), (gets, nested, 3.0),
+                                 (records, keyed, 3.0)]:
+        compiler = fd.Compiler.create(block)
+        out = compiler.apply(compiler.init(jax.random.key(0)), compiler.build_batch([example])).outputs
+        assert float(np.asarray(jax.tree.leaves(out)[0]).reshape(-1)[0]) == want

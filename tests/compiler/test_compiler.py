@@ -228,3 +228,23 @@ def test_recording_recorded_examples_gives_them_back():
     assert a.record(recorded) is recorded
     with pytest.raises(ValueError, match="recorded by another compiler"):
         b.record(recorded)
+
+
+def test_apply_runs_eagerly_under_disable_jit():
+    """Under ``jax.disable_jit()`` apply called its jitted copy, which (not jitted) called apply
+    again: a RecursionError. It now runs eagerly, with the jitted run's values and gradients."""
+    c = fd.Compiler.create(fd.Map(fd.Vector(2) >> fd.FC(3, name="d")) >> fd.Sum())
+    params = c.init(jax.random.key(0))
+    batch = c.build_batch([[[1.0, 2.0], [0.5, -1.0]]])
+
+    def loss(p):
+        return c.apply(p, batch).outputs.sum()
+
+    with jax.disable_jit():
+        eager = jax.value_and_grad(loss)(params)
+    jitted = jax.value_and_grad(loss)(params)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+    w, b = np.asarray(params["d"]["w"]), np.asarray(params["d"]["b"])
+    x = np.array([[1.0, 2.0], [0.5, -1.0]])
+    np.testing.assert_allclose(float(eager[0]), float(np.maximum(x @ w + b, 0).sum()), rtol=1e-6)
