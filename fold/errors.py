@@ -16,6 +16,7 @@ marks and carries them between its layers:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Protocol, TypeGuard, TypeVar
@@ -128,4 +129,6 @@ def check_int(name: str, value: object, minimum: int) -> int:
     would otherwise fail later, in ``range`` or ``islice``, with a message that names neither."""
     if not _is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value > sys.maxsize:
+        raise ValueError(f"{name} must be at most sys.maxsize ({sys.maxsize}), got {value!r}")
     return int(value)

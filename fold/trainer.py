@@ -420,8 +420,8 @@ class Trainer:
         """
         options = _FitOptions.checked(epochs, dev, scores, eval_every, monitor, mode, patience, checkpoint_dir,
                                       resume, drop_remainder, self.loss, overwrite)
-        train_data = self._recorded(train, "fit")
-        dev_data = None if dev is None else self._recorded(dev, "fit(dev=)")
+        train_data = self._recorded(train, "fit", "fit's training examples")
+        dev_data = None if dev is None else self._recorded(dev, "fit(dev=)", "fit's dev examples")
         run = self._start(options, train_data, dev_data, params, log_dir)
         try:
             run.stopped = self._epochs(run)
@@ -438,11 +438,15 @@ class Trainer:
         best = _best_record(run.history) if options.evaluates else None
         return FitResult(run.state.params, run.best_params, best, run.history, run.state, run.stopped)
 
-    def _recorded(self, data: Iterable[PyObject] | RecordedExamples, where: str) -> RecordedExamples:
-        """``data`` recorded by this trainer's compiler (once: recorded examples come back as they are)."""
+    def _recorded(self, data: Iterable[PyObject] | RecordedExamples, where: str, name: str) -> RecordedExamples:
+        """``data`` recorded by this trainer's compiler (once: recorded examples come back as they are);
+        a malformed example's error says which data it is in (``name``)."""
         if isinstance(data, RecordedExamples):
             return data
-        return self.compiler.record(check_examples(data, where), progress=self.progress)
+        try:
+            return self.compiler.record(check_examples(data, where), progress=self.progress)
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise _named(e, name) from e
 
     def _start(self, options: _FitOptions, train: RecordedExamples, dev: RecordedExamples | None, params: Params | None,
                log_dir: str | pathlib.Path | None) -> _Run:
@@ -694,6 +698,19 @@ class Trainer:
         if not parts:
             raise ValueError("predict got no examples")
         return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def _named(error: Exception, what: str) -> Exception:
+    """``error`` with ``what`` before its message (``"fit(dev=)'s examples: example 3: ..."``), of
+    its own type where that type takes a message alone, else of the built-in type it derives from."""
+    message = f"{what}: {error.args[0] if isinstance(error, KeyError) and error.args else error}"
+    for cls in type(error).__mro__:
+        if issubclass(cls, Exception):
+            try:
+                return cls(message)
+            except Exception:
+                continue
+    return RuntimeError(message)
 
 
 def _write_text(path: pathlib.Path, text: str) -> None:

@@ -473,3 +473,14 @@ def test_an_evaluation_interrupted_after_its_step_is_made_on_resume(tmp_path):
     resumed = trainer().fit(data(), epochs=2, scores=score, eval_every=3, checkpoint_dir=tmp_path, resume=True)
     keys = ("step", "epoch", "train_loss", "w")
     assert [{k: r[k] for k in keys} for r in resumed.history] == [{k: r[k] for k in keys} for r in full.history]
+
+
+def test_a_bad_example_says_whether_it_is_in_the_training_or_the_dev_set():
+    bad = [([1.0, 1.0], 0.5), (["x", 1.0], 0.5)]
+    with pytest.raises(ValueError, match=r"^fit's dev examples: example 1: at .*Vector: expected numbers"):
+        trainer().fit(data(), epochs=1, dev=bad)
+    with pytest.raises(ValueError, match=r"^fit's training examples: example 1: at .*Vector"):
+        trainer().fit(bad, epochs=1)
+    with pytest.raises(KeyError, match=r"fit's dev examples: example 0: at .*GetItem found no key 'a'"):
+        fd.Trainer(fd.Compiler.create(fd.GetItem("a") >> fd.Scalar() >> fd.Metric("loss") >> fd.Void()),
+                   optax.sgd(0.1), progress=False).fit([{"a": 1.0}] * 4, epochs=1, dev=[{"b": 1.0}])

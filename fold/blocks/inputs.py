@@ -138,9 +138,13 @@ def _scalar(x: int | float, ttype: TensorType) -> np.ndarray | np.generic:
     target, kind = _np_dtype(ttype.dtype), _kind(ttype.dtype)
     if kind == "f":
         with np.errstate(over="ignore", invalid="ignore"):
-            value: np.generic = target.type(x)
-        if not math.isfinite(value) and math.isfinite(x):
-            raise ValueError(f"value {x!r} overflows {ttype.dtype} (largest {_largest(ttype.dtype):g})")
+            try:
+                value: np.generic = target.type(x)
+            except OverflowError:  # an int past float64's range (10**400)
+                value = target.type("inf")
+        if not math.isfinite(value) and (isinstance(x, int) or math.isfinite(x)):
+            shown = repr(x) if len(repr(x)) <= 40 else f"an int of {len(str(abs(x)))} digits"
+            raise ValueError(f"value {shown} overflows {ttype.dtype} (largest {_largest(ttype.dtype):g})")
         return value
     if kind in "iu":
         if type(x) is float and not (math.isfinite(x) and x == int(x)):

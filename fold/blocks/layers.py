@@ -76,6 +76,8 @@ def numbered_names(cls: type) -> Iterator[str]:
     return itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
 
 
+_MAX_ID = int(np.iinfo(np.int32).max)  # the largest id an Embedding reads (ids are int32)
+
 class _Names:
     """Default layer names: per class, ``numbered_names`` in the order layers are made in this
     process, skipping names passed explicitly before (a lock: layers may be made on threads)."""
@@ -382,6 +384,10 @@ class Embedding(Layer):
         self.num_units_out = whole("Embedding", "num_units_out", num_units_out)
         if self.num_buckets <= 0 or self.num_units_out <= 0:
             raise ValueError(f"Embedding needs positive sizes, got {num_buckets} x {num_units_out}")
+        if self.num_buckets > _MAX_ID + 1:
+            raise ValueError(f"Embedding has {num_buckets} buckets, more than its int32 ids can index "
+                             f"({_MAX_ID + 1}); hash the ids into fewer (mod_inputs=True takes them modulo "
+                             "num_buckets)")
         self.mod_inputs = mod_inputs
         self._table = None
         if initializer is not None and not callable(initializer):

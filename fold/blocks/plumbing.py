@@ -6,8 +6,9 @@ They route values between blocks and cost nothing on the device.
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 
 from fold.blocks.base import Block, is_block_like, run_leaf, set_child, unify
 from fold.blocks.host import BlockLike, EmitContext, HostContext, HostValue, HostWalk
@@ -27,6 +28,19 @@ __all__ = ["Pipe", "Record", "AllOf", "GetItem", "Slice"]
 def _short(x: object, limit: int = 60) -> str:
     r = repr(x)
     return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _normalization_hint(x: object, key: Hashable) -> str:
+    """Where ``x`` has a key that differs from ``key`` only in its Unicode normal form (``'é'`` as one
+    code point or as ``e`` and a combining accent: they print the same), says so."""
+    if not isinstance(key, str) or not isinstance(x, Mapping):
+        return ""
+    want = unicodedata.normalize("NFC", key)
+    same = [k for k in x if isinstance(k, str) and unicodedata.normalize("NFC", k) == want]
+    if not same:
+        return ""
+    return (f"; it has {ascii(same[0])}, which prints the same but is another Unicode form of the key asked for, "
+            f"{ascii(key)}: normalize both with unicodedata.normalize('NFC', ...)")
 
 
 def _attribute_hint(x: object, key: Hashable) -> str:
@@ -173,7 +187,7 @@ class Record(Block):
             try:
                 v = x[k]
             except KeyError:
-                raise KeyError(f"{self!r} found no key {k!r} in {_short(x)}") from None
+                raise KeyError(f"{self!r} found no key {k!r} in {_short(x)}{_normalization_hint(x, k)}") from None
             except IndexError:
                 raise TypeError(f"{self!r} found no item {k!r} in {_short(x)}") from None
             except TypeError as e:
@@ -264,7 +278,8 @@ class GetItem(Block):
         try:
             return x[self.key]
         except (KeyError, IndexError):
-            raise KeyError(f"{self!r} found no key {self.key!r} in {_short(x)}") from None
+            raise KeyError(f"{self!r} found no key {self.key!r} in {_short(x)}"
+                           f"{_normalization_hint(x, self.key)}") from None
         except TypeError as e:
             raise TypeError(f"{self!r} cannot read key {self.key!r} of {type(x).__name__}: {e}"
                             f"{_attribute_hint(x, self.key)}") from None

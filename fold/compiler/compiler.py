@@ -90,6 +90,12 @@ class Compiler:
                 f"layers={sorted(p.layers)}, metrics={list(p.metric_types)}, chunk_size={self.chunk_sizes}, "
                 f"backward={self.backward!r})")
 
+    def __deepcopy__(self, memo: dict[int, object] | None = None) -> Compiler:
+        raise TypeError("a Compiler holds compiled functions, layouts and worker processes, which do not copy: "
+                        "make another with fd.Compiler.create(block) (blocks deep-copy), or share this one")
+
+    __copy__ = __deepcopy__
+
     @classmethod
     def create(cls, root_block: BlockLike, chunk_size: int | Sequence[int] = CHUNK_SIZES,
                backward: str = "auto", save_limit: int = SAVE_LIMIT, max_layouts: int = MAX_LAYOUTS,

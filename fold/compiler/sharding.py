@@ -76,6 +76,11 @@ def device_mesh(devices: Devices, axis: str = AXIS) -> Mesh:
     listed = list(devices)
     if not listed:
         raise ValueError("devices is empty")
+    if not all(isinstance(d, jax.Device) for d in listed):
+        raise TypeError(f"devices must be a device count, a list of jax devices or a Mesh, got {devices!r}")
+    repeated = sorted({str(d) for d in listed if listed.count(d) > 1})
+    if repeated:
+        raise ValueError(f"devices lists {', '.join(repeated)} more than once: a batch's parts go to distinct devices")
     return Mesh(np.asarray(listed), (axis,))
 
 

@@ -139,11 +139,23 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None
                 if isinstance(chunk, ByReference):
                     chunk = chunk.resolve()
                 message: tuple[bool, Batch | BaseException, str | None] = (True, build(chunk), None)
-            except Exception as e:
+            except (Exception, SystemExit) as e:  # sys.exit in a user's function: the consumer's to raise
                 message = (False, _picklable(e), traceback.format_exc())
-            conn.send(message)
+            conn.send_bytes(_message_bytes(message))
     except OSError:
         pass  # the consumer is gone or closed our pipe mid-send: stop
+
+
+def _message_bytes(message: tuple[bool, Batch | BaseException, str | None]) -> bytes:
+    """``message`` pickled, or, for a batch that cannot be (a labeled metric's label that does not
+    pickle, say), the error that says so: the worker would otherwise die sending it."""
+    try:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        error = TypeError(f"num_workers > 0 sends each built batch back from its worker process by pickle, and "
+                          f"this one cannot be pickled ({type(e).__name__}: {e}; a labeled Metric's labels travel "
+                          "with it); build in this process with num_workers=0")
+        return pickle.dumps((False, error, traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 # Parent ends of every live pool's pipes: a newly forked worker closes its inherited copies.

@@ -207,3 +207,15 @@ def test_bytes_like_values_and_dates_are_no_numbers(value):
     block = fd.Vector(2) if isinstance(value, (bytearray, memoryview)) else fd.Scalar()
     with pytest.raises(ValueError, match="expected"):
         block.eval(value)
+
+
+def test_an_int_past_floats_range_overflows_as_a_large_float_does():
+    """``10**400`` raised Python's OverflowError where ``1e39`` gets the documented ValueError."""
+    compiler = fd.Compiler.create(fd.Scalar())
+    with pytest.raises(ValueError, match=r"value 1e\+39 overflows float32"):
+        compiler.build_batch([1e39])
+    with pytest.raises(ValueError, match=r"value an int of 401 digits overflows float32 \(largest 3.40282e\+38\)"):
+        compiler.build_batch([10**400])
+    with pytest.raises(ValueError, match=r"value an int of 40 digits overflows float32"):
+        compiler.build_batch([-(10**39)])
+    assert float(compiler.apply({}, compiler.build_batch([10**38])).outputs[0]) == pytest.approx(1e38, rel=1e-6)

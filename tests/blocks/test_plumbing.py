@@ -199,3 +199,16 @@ def test_print_shows_the_block_tree_with_types():
     assert lines[-1] == "  Function(FC): TensorType((2,), 'float32') -> TensorType((1,), 'float32')"
     assert text.count("(shown above)") == 1  # the recursion is shown once
     assert str(fd.Map(fd.Function(jnp.sin))).startswith("Map: ? -> ?")
+
+
+def test_a_key_in_another_unicode_form_is_named_in_the_error():
+    """NFC and NFD forms of one key print identically: the KeyError read "no key 'é' in {'é': 1.0}"."""
+    import unicodedata
+
+    composed, decomposed = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    for block in (fd.GetItem(composed) >> fd.Scalar(), fd.Record({composed: fd.Scalar()})):
+        with pytest.raises(KeyError, match="which prints the same but is another Unicode form"):
+            fd.Compiler.create(block).build_batch([{decomposed: 1.0}])
+    with pytest.raises(KeyError) as e:
+        fd.Compiler.create(fd.GetItem("tea") >> fd.Scalar()).build_batch([{"café": 1.0}])
+    assert "Unicode" not in str(e.value)

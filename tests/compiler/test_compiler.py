@@ -248,3 +248,16 @@ def test_apply_runs_eagerly_under_disable_jit():
     w, b = np.asarray(params["d"]["w"]), np.asarray(params["d"]["b"])
     x = np.array([[1.0, 2.0], [0.5, -1.0]])
     np.testing.assert_allclose(float(eager[0]), float(np.maximum(x @ w + b, 0).sum()), rtol=1e-6)
+
+
+def test_copying_a_compiler_says_how_to_make_another():
+    """``copy.deepcopy(compiler)`` failed with "cannot pickle '_thread.lock' object"."""
+    import copy
+
+    block = fd.Map(fd.Scalar() >> fd.Function(lambda x: 2.0 * x)) >> fd.Sum()
+    compiler = fd.Compiler.create(block)
+    for how in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match=r"make another with fd.Compiler.create\(block\)"):
+            how(compiler)
+    other = fd.Compiler.create(copy.deepcopy(fd.Map(fd.Scalar() >> fd.Function(lambda x: 2.0 * x)) >> fd.Sum()))
+    assert float(other.apply({}, other.build_batch([[1.0, 2.0]])).outputs[0]) == 6.0

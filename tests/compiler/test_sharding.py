@@ -209,6 +209,11 @@ def test_sharding_misuse():
         compiler.build_batch([1.0], devices=device_mesh(1), axis="model")
     with pytest.raises(TypeError, match="not a bool"):
         compiler.build_batch([1.0], devices=True)
+    d0 = jax.devices()[0]  # listed twice: a safe_zip error from JAX's Mesh
+    with pytest.raises(ValueError, match="devices lists .* more than once"):
+        compiler.build_batch([1.0, 2.0], devices=[d0, d0])
+    with pytest.raises(TypeError, match="a list of jax devices"):
+        compiler.build_batch([1.0], devices=["cpu:0"])
     with pytest.raises(ValueError, match="exact_layout and devices"):
         compiler.build_batch([1.0], exact_layout=True, devices=1)
     with pytest.raises(ValueError, match="num_workers=0"):

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -446,3 +447,31 @@ def test_a_stopped_worker_raises_instead_of_blocking_forever(monkeypatch):
     finally:
         gen.close()  # kills the stopped workers
     assert not any(p.is_alive() for p in workers)
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_a_batch_that_cannot_travel_back_says_so():
+    """A labeled metric whose label does not pickle killed the worker sending its batch: the
+    consumer read "worker died (killed, or out of memory?)"."""
+    label = fd.InputTransform(lambda name: threading.Lock())  # made in the worker: the examples pickle
+    compiler = fd.Compiler.create(fd.Map(fd.Record((fd.Scalar(), label)) >> fd.Metric("m")) >> fd.Void())
+    examples = [[(1.0, "a")]] * 8
+    assert isinstance(compiler.build_batch(examples[:4]).metric_labels["m"][0], type(threading.Lock()))
+    with pytest.raises(TypeError, match=r"sends each built batch back .* cannot be pickled .* labeled Metric"):
+        list(compiler.batches(examples, 4, num_workers=2))
+
+
+def _exit_on_seven(x):
+    if x == 7.0:
+        sys.exit(3)
+    return x
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_sys_exit_in_a_users_function_reaches_the_consumer_as_in_this_process():
+    compiler = fd.Compiler.create(fd.Map(fd.InputTransform(_exit_on_seven) >> fd.Scalar()) >> fd.Sum())
+    examples = [[float(i)] for i in range(12)]
+    for workers in (0, 2):
+        with pytest.raises(SystemExit) as e:
+            list(compiler.batches(examples, 4, num_workers=workers))
+        assert e.value.code == 3

@@ -270,6 +270,17 @@ def test_batches_options_must_be_ints(option, value, minimum):
     assert len(list(compiler.batches([1.0, 2.0, 3.0], np.int64(2)))) == 2  # NumPy ints are ints
 
 
+def test_a_batch_size_past_sys_maxsize_is_refused():
+    """``batch_size=10**30`` leaked ``islice``'s "Stop argument for islice() must be None or an integer"."""
+    compiler = fd.Compiler.create(fd.Scalar())
+    with pytest.raises(ValueError, match=r"^batch_size must be at most sys.maxsize \(\d+\), got 10{30}$".replace(
+            "10{30}", str(10**30))):
+        next(compiler.batches([1.0, 2.0], 10**30))
+    assert len(list(compiler.batches([1.0, 2.0], 2**40))) == 1
+    with pytest.raises(ValueError, match=r"Embedding has 100000000000 buckets, more than its int32 ids can index"):
+        fd.Embedding(10**11, 4)
+
+
 @pytest.mark.parametrize("container, hint", [({"a": 1.0, "b": 2.0}, "got a dict.*items"),
                                              ({1.0, 2.0}, "got a set.*order varies")])
 def test_a_dict_or_set_given_to_map_is_an_error_not_its_keys(container, hint):
