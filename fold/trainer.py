@@ -395,9 +395,15 @@ class Trainer:
           patience: evaluations without improvement before stopping early
             (default: never).
           checkpoint_dir: where ``last.npz`` (the ``TrainState``, after each
-            evaluation and when interrupted), ``best.npz`` (the best
-            parameters) and ``history.json`` go.
-          resume: continue from ``checkpoint_dir``'s last state if it has one.
+            evaluation and when interrupted, with the history and the run's
+            settings as ``fd.checkpoint_metadata``), ``best.npz`` (the best
+            parameters) and ``history.json`` (a copy of the history) go.
+            Every file is written whole or not at all; what a save killed
+            halfway leaves is removed when a run starts there.
+          resume: continue from ``checkpoint_dir``'s last state if it has one
+            (with the same batch size, seed, training examples,
+            ``drop_remainder`` and layers as the run it continues; an
+            evaluation a kill or Ctrl-C cut short is made first).
           overwrite: start a new run in a ``checkpoint_dir`` that holds one,
             replacing its files. Without ``resume`` or ``overwrite``, a
             ``checkpoint_dir`` holding a run is refused: a finished run's
@@ -412,8 +418,9 @@ class Trainer:
 
         Raises:
           ValueError: bad sizes, ``resume`` without ``checkpoint_dir`` (or with
-            ``overwrite``), an unknown ``mode``, or a ``monitor`` no
-            evaluation records.
+            ``overwrite``) or with other settings than the run's, an unknown
+            ``mode``, a ``monitor`` no evaluation records, or a malformed
+            example (the message says whether in ``train`` or ``dev``).
           FileExistsError: ``checkpoint_dir`` holds a run, and neither
             ``resume`` nor ``overwrite`` was given.
           ImportError: ``log_dir`` without ``tensorboardX``.
@@ -457,7 +464,8 @@ class Trainer:
         state = self.init(params)
         run = _Run(state, state.params, [], options, train, dev, per_epoch, _writer(log_dir))
         run.settings = {"batch_size": self.batch_size, "seed": self.seed, "train_examples": len(train),
-                        "drop_remainder": options.drop_remainder}
+                        "drop_remainder": options.drop_remainder,
+                        "layers": dict(self.compiler.program.layer_seeds)}
         if options.directory is not None:
             _remove_temp_files(options.directory)
         if options.resume and options.directory is not None and (options.directory / LAST).exists():
@@ -740,7 +748,18 @@ def _check_settings(directory: pathlib.Path, saved: object, now: dict[str, objec
     other examples than the run it continues)."""
     if not isinstance(saved, dict):
         return  # saved before checkpoints carried their settings
-    differ = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in now if k in saved and saved[k] != now[k]]
+    layers, saved_layers = now["layers"], saved.get("layers")
+    assert isinstance(layers, dict)
+    if isinstance(saved_layers, dict) and saved_layers != layers:
+        # A default name counts the layers the process made before; the model's order is the
+        # layer's place. Loading by name would put each checkpointed layer in another's place.
+        moved = [f"{name} is the model's {layers[name]} (in the checkpoint, its {saved_layers[name]})"
+                 for name in sorted(layers) if name in saved_layers and saved_layers[name] != layers[name]]
+        raise ValueError(f"resume=True: the layers of the run in {directory} were made in another order: "
+                         f"{'; '.join(moved) or f'layers {sorted(saved_layers)}, now {sorted(layers)}'}. Their "
+                         "parameters would load into other layers: make the layers in the order the run did, "
+                         "or give them names (name=) so that checkpoints find them by name")
+    differ = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in now if k != "layers" and k in saved and saved[k] != now[k]]
     if differ:
         raise ValueError(f"resume=True: the run in {directory} was trained with {', '.join(differ)}; resuming "
                          "with other settings would not continue it. Resume with its settings, or pass "

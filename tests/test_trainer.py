@@ -484,3 +484,27 @@ def test_a_bad_example_says_whether_it_is_in_the_training_or_the_dev_set():
     with pytest.raises(KeyError, match=r"fit's dev examples: example 0: at .*GetItem found no key 'a'"):
         fd.Trainer(fd.Compiler.create(fd.GetItem("a") >> fd.Scalar() >> fd.Metric("loss") >> fd.Void()),
                    optax.sgd(0.1), progress=False).fit([{"a": 1.0}] * 4, epochs=1, dev=[{"b": 1.0}])
+
+
+def test_resuming_with_layers_made_in_another_order_is_refused(tmp_path, monkeypatch):
+    """A default layer name counts the layers the process made before: a script that makes its
+    layers in another order swaps their names, and the checkpoint's parameters loaded by name
+    into the wrong layers (two layers of one shape: nothing else noticed)."""
+    from fold.blocks import layers
+
+    def model(first_made_is_inner: bool) -> fd.Block:
+        monkeypatch.setattr(layers, "_names", layers._Names())  # as in a fresh process
+        a, b = fd.FC(2), fd.FC(2)
+        inner, outer = (a, b) if first_made_is_inner else (b, a)
+        return (fd.Vector(2) >> inner >> outer >> fd.Function(lambda v: jnp.sum(v ** 2, -1)) >> fd.Metric("loss")
+                >> fd.Void())
+
+    def fit(first_made_is_inner: bool, **kwargs):
+        return fd.Trainer(fd.Compiler.create(model(first_made_is_inner)), optax.sgd(0.1), batch_size=4,
+                          progress=False).fit([[1.0, 2.0]] * 8, checkpoint_dir=tmp_path, **kwargs)
+
+    fit(True, epochs=1)
+    with pytest.raises(ValueError, match=r"made in another order: fc is the model's fc_1 \(in the checkpoint, its "
+                                         r"fc\); fc_1 is the model's fc \(in the checkpoint, its fc_1\)"):
+        fit(False, epochs=2, resume=True)
+    assert int(fit(True, epochs=2, resume=True).state.step) == 4

@@ -131,6 +131,8 @@ class Layer(abc.ABC):
     #: Whether ``apply`` is called with ``key=`` (see the class docstring); None: whether
     #: ``apply``'s signature takes one.
     stochastic: bool | None = None
+    # Set when a model using the layer is compiled: its public attributes are then fixed.
+    _frozen = False
     # NumPy defers to ``__rrshift__``: ``np.array(...) >> layer`` is ``FromTensor(array) >> layer``.
     __array_ufunc__ = None
 
@@ -140,6 +142,18 @@ class Layer(abc.ABC):
         self._name = _names.take(name) if name is not None else _names.default(type(self))
         self._named = name is not None
         self.trainable = trainable
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if self._frozen and not name.startswith("_"):
+            raise AttributeError(
+                f"{self!r} is part of a compiled model, so its {name!r} is fixed: layouts compiled before "
+                "the change would keep the old value and later ones take the new, two answers for one example. "
+                "Make a new layer (and compile a new model) instead")
+        super().__setattr__(name, value)
+
+    def _freeze(self) -> None:
+        """Fixes the public attributes (``Compiler.create`` calls it for the model's layers)."""
+        self._frozen = True
 
     @property
     def name(self) -> str:

@@ -71,6 +71,8 @@ def build_program(root_block: BlockLike, any_root: bool = False, fuse: bool = Tr
     out = root.output_type
     assert out is not None  # _checked_tree checked every type
     layers = _named_layers(ops)
+    for layer, _ in layers.values():
+        layer._freeze()
     return Program(
         root=root, output_type=out, types=types, type_index=type_index, ops=ops, block_ops=block_ops,
         slot_index=slot_index, pipe_steps=pipe_steps, layers=layers, layer_seeds=_layer_seeds(layers),

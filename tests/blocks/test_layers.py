@@ -346,3 +346,35 @@ def test_a_size_that_is_not_an_int_is_refused_not_truncated(make, message):
 def test_numpy_ints_are_sizes():
     assert fd.FC(np.int64(3)).num_units_out == 3 and fd.LSTMCell(np.int32(2)).num_units == 2
     assert fd.Embedding(np.int64(5), np.int16(2)).num_buckets == 5 and fd.OneHot(np.int64(3)).stop == 3
+
+
+def test_a_compiled_layers_attributes_are_fixed():
+    """``fc.activation = jnp.tanh`` after a first apply gave two answers for one example: layouts
+    compiled before kept ReLU, later ones took tanh."""
+    fc = fd.FC(2, name="dense")
+    fc.activation = jnp.tanh  # before compiling: the model is still being written
+    compiler = fd.Compiler.create(fd.Vector(2) >> fc)
+    params = compiler.init(jax.random.key(0))
+    with pytest.raises(AttributeError, match=r"FC\('dense'\) is part of a compiled model, so its 'activation' is"):
+        fc.activation = jax.nn.relu
+    x = np.array([[0.5, -2.0]], np.float32)
+    w, b = np.asarray(params["dense"]["w"]), np.asarray(params["dense"]["b"])
+    np.testing.assert_allclose(np.asarray(compiler.apply(params, compiler.build_batch(list(x))).outputs),
+                               np.tanh(x @ w + b), rtol=1e-6)
+
+    class Scale(fd.Layer):
+        def __init__(self):
+            super().__init__(name="scale")
+            self.factor = 2.0
+
+        def init(self, key, input_type):
+            return {}
+
+        def apply(self, params, x):
+            self._calls = getattr(self, "_calls", 0) + 1  # private state stays writable
+            return self.factor * x
+
+    scale = Scale()
+    fd.Compiler.create(fd.Vector(2) >> scale)
+    with pytest.raises(AttributeError, match="Scale.'scale'. is part of a compiled model"):
+        scale.factor = 3.0
