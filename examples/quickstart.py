@@ -17,6 +17,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import fold as fd
@@ -45,13 +46,16 @@ def build_model(hidden: int = 32) -> fd.Block:
     return fd.Record((predict, fd.Scalar())) >> error >> fd.Metric("loss")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=300, help="training steps")
     parser.add_argument("--batch-size", type=int, default=32, help="trees per batch")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the parameters")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="100 steps (what the tests run): the loss still falls")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps = min(args.steps, 100)
     if args.steps < 1 or args.batch_size < 1 or args.seed < 0:
         parser.error(f"need --steps and --batch-size >= 1 and --seed >= 0, got {args.steps}, {args.batch_size}, "
                      f"{args.seed}")
@@ -75,7 +79,7 @@ def main() -> None:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    step, window, sizes = 0, [], set()
+    step, window, windows, sizes = 0, [], [], set()
     start = time.perf_counter()
     while step < args.steps:
         for batch in compiler.batches(data, args.batch_size, shuffle=True, seed=args.seed + step,
@@ -87,7 +91,8 @@ def main() -> None:
             window.append(float(loss))
             step += 1
             if step % 50 == 0:
-                print(f"step {step:4d}  loss {sum(window) / len(window):.4f}", flush=True)
+                windows.append(sum(window) / len(window))
+                print(f"step {step:4d}  loss {windows[-1]:.4f}", flush=True)
                 window = []
             if step >= args.steps:
                 break
@@ -97,6 +102,9 @@ def main() -> None:
     errors = jax.jit(compiler.apply)(params, compiler.build_batch(test)).metrics["loss"].values
     for (tree, target), error in zip(test, errors):
         print(f"sum of {tree}: {target:+.3f}, squared error {float(error):.4f}")
+    nan = float("nan")
+    return {"first_loss": windows[0] if windows else nan, "last_loss": windows[-1] if windows else nan,
+            "test_error": float(np.mean(np.asarray(errors)))}
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ import pathlib
 import re
 import secrets
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
@@ -65,8 +66,10 @@ import optax
 
 from fold.checkpoint import checkpoint_metadata, load_checkpoint, save_checkpoint
 from fold.compiler.compiler import Compiler, check_compiler
+from fold.compiler.progress import tqdm_class
 from fold.compiler.result import Result
 from fold.errors import check_examples, check_int
+from fold.fields import documented
 from fold.scheduler.batch import Batch
 from fold.scheduler.records import RecordedExamples
 from fold.typing import Params, PyObject, PyTree
@@ -107,11 +110,12 @@ class _Bar(Protocol):
     def close(self) -> None: ...
 
 
+@documented
 class TrainState(NamedTuple):
     """Everything a run needs to continue: saved as ``last.npz`` and restored by ``resume=True``."""
 
-    params: Params
-    opt_state: PyTree
+    params: Params  # the parameters
+    opt_state: PyTree  # the optimizer's state
     step: int  # optimizer steps taken
     epoch: int  # epochs completed
     epoch_step: int  # steps taken in the epoch under way
@@ -119,6 +123,7 @@ class TrainState(NamedTuple):
     stale: int  # evaluations since it last improved
 
 
+@documented
 class FitResult(NamedTuple):
     """What ``Trainer.fit`` returns."""
 
@@ -223,6 +228,7 @@ class _Run:
     batches: Iterator[Batch] | None = None  # the epoch's batches, while it runs
     stopped: str = "epochs"
     settings: dict[str, object] = dataclasses.field(default_factory=dict)  # what a resume must match
+    warned_loss: bool = False  # whether a non-finite loss with finite parameters was reported
 
     def save(self) -> None:
         """Writes the last state, with the history and settings, to the checkpoint directory (if
@@ -395,11 +401,9 @@ class Trainer:
           patience: evaluations without improvement before stopping early
             (default: never).
           checkpoint_dir: where ``last.npz`` (the ``TrainState``, after each
-            evaluation and when interrupted, with the history and the run's
-            settings as ``fd.checkpoint_metadata``), ``best.npz`` (the best
-            parameters) and ``history.json`` (a copy of the history) go.
-            Every file is written whole or not at all; what a save killed
-            halfway leaves is removed when a run starts there.
+            evaluation and when interrupted, with the history and settings as
+            ``fd.checkpoint_metadata``), ``best.npz`` (the best parameters) and
+            ``history.json`` (a copy of the history) go, each written whole.
           resume: continue from ``checkpoint_dir``'s last state if it has one
             (with the same batch size, seed, training examples,
             ``drop_remainder`` and layers as the run it continues; an
@@ -470,6 +474,9 @@ class Trainer:
             _remove_temp_files(options.directory)
         if options.resume and options.directory is not None and (options.directory / LAST).exists():
             self._restore(run)
+            if int(run.state.epoch) >= options.epochs:
+                logger.warning("the run in %s has done its %d epochs (step %d): nothing to train; pass a larger "
+                               "epochs= to continue it", options.directory, int(run.state.epoch), int(run.state.step))
         run.bar = _bar(self.progress, total=options.epochs * per_epoch, initial=int(run.state.step), desc="training")
         run.started = time.perf_counter()
         return run
@@ -587,8 +594,15 @@ class Trainer:
         (an optimizer that skips such updates, ``optax.apply_if_finite``, keeps the run going)."""
         if run.pending is not None:
             value = float(run.pending.loss)
-            if not math.isfinite(value) and not _finite(run.state.params):
-                raise _Diverged(run.pending, value)
+            if not math.isfinite(value):
+                if not _finite(run.state.params):
+                    raise _Diverged(run.pending, value)
+                if not run.warned_loss:  # a NaN term the parameters do not reach: training goes on, said once
+                    run.warned_loss = True
+                    warnings.warn(f"the loss of step {run.pending.step} is {value}, but the parameters stayed finite "
+                                  "(a term of the loss that does not depend on them, or an optimizer that skips "
+                                  "such steps); training goes on, and train_loss records it", RuntimeWarning,
+                                  stacklevel=4)
             run.losses.append(value)
             if run.writer is not None:
                 run.writer.add_scalar("train/loss", value, run.pending.step)
@@ -628,7 +642,7 @@ class Trainer:
     def _report(self, record: Record, writer: _Writer | None) -> None:
         line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
         if self.progress:
-            from tqdm.auto import tqdm
+            from tqdm.std import tqdm  # write() prints above every kind of bar
 
             tqdm.write(line)
         else:
@@ -700,7 +714,19 @@ class Trainer:
     def predict(self, params: Params, data: Iterable[PyObject] | RecordedExamples,
                 batch_size: int | None = None) -> PyTree:
         """The model's outputs for every example of ``data``, in order (NumPy; a tuple output gives
-        a tuple of arrays)."""
+        a tuple of arrays).
+
+        Raises:
+          ValueError: the model's root outputs nothing (it ends in a loss ``Metric``): predict
+            with a compiler of the block that makes the prediction (docs/quickstart.md,
+            "Predicting"), or no examples.
+        """
+        if not self.compiler.program.root_leaves:
+            raise ValueError(
+                f"predict returns the model's outputs, and this model's root outputs "
+                f"{self.compiler.program.output_type} (it ends in a Metric, say): compile the block that makes "
+                "the prediction, fd.Compiler.create(prediction_block), whose layers are the model's so the same "
+                "params fit, and run its apply on its batches; docs/quickstart.md, 'Predicting'")
         parts = [jax.tree.map(np.asarray, self.compiler.apply(params, b).outputs)
                  for b in self._eval_batches(data, batch_size, "predict")]
         if not parts:
@@ -809,7 +835,5 @@ def _writer(log_dir: str | pathlib.Path | None) -> _Writer | None:
 
 
 def _bar(show: bool, total: int, initial: int, desc: str) -> _Bar:
-    from tqdm.auto import tqdm
-
-    bar: _Bar = tqdm(unit="step", disable=not show, total=total, initial=initial, desc=desc)
+    bar: _Bar = tqdm_class()(unit="step", disable=not show, total=total, initial=initial, desc=desc)
     return bar

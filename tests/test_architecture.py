@@ -12,8 +12,9 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLD = ROOT / "fold"
 
-LAYERS = {"fold.errors": 0, "fold.checkpoint": 0, "fold.typing": 0, "fold.blocks": 1, "fold.scheduler": 2,
-          "fold.compiler": 3, "fold.trainer": 4, "fold.visualize": 4, "fold.schedule_plot": 4, "fold": 5}
+LAYERS = {"fold.errors": 0, "fold.checkpoint": 0, "fold.typing": 0, "fold.fields": 0, "fold.blocks": 1,
+          "fold.scheduler": 2, "fold.compiler": 3, "fold.trainer": 4, "fold.visualize": 4, "fold.schedule_plot": 4,
+          "fold": 5}
 EXCEPTIONS = {("fold.blocks.base", "fold.compiler.compiler")}  # Block.eval
 MAX_FUNCTION_LINES = 80
 MAX_COMPILER_LINES = 550

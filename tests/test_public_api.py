@@ -39,3 +39,13 @@ def test_public_compiler_methods_have_docstrings():
 
 def test_the_package_is_typed():
     assert (pathlib.Path(fold.__file__).parent / "py.typed").exists()
+
+
+def test_the_public_named_tuples_document_their_fields():
+    """``help(fd.FitResult)`` showed "Alias for field number 0" for every field."""
+    for cls in (fold.FitResult, fold.TrainState, fold.BatchStats, fold.BatchLayout, fold.CompilerStats):
+        for field in cls._fields:
+            doc = getattr(cls, field).__doc__
+            assert doc and not doc.startswith("Alias for field"), f"{cls.__name__}.{field}"
+    assert fold.FitResult.stopped.__doc__.startswith('Why it stopped: ``"epochs"``')
+    assert fold.TrainState.step.__doc__ == "optimizer steps taken"

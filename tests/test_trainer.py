@@ -5,6 +5,7 @@ stopping, checkpoints, TensorBoard scalars and bad arguments."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 import jax
@@ -331,7 +332,7 @@ def test_a_run_whose_parameters_turn_nan_stops_at_that_step_and_names_the_exampl
 
 
 def test_a_nan_loss_that_the_optimizer_skips_does_not_stop_the_run(caplog):
-    with caplog.at_level("WARNING", logger="fold"):
+    with caplog.at_level("WARNING", logger="fold"), pytest.warns(RuntimeWarning, match="parameters stayed finite"):
         run = trainer(optax.apply_if_finite(optax.sgd(0.1), 10)).fit(with_nan_at(13), epochs=2)
     assert run.stopped == "epochs" and int(run.state.step) == 2 * (N // BATCH)
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(run.params))
@@ -508,3 +509,60 @@ def test_resuming_with_layers_made_in_another_order_is_refused(tmp_path, monkeyp
                                          r"fc\); fc_1 is the model's fc \(in the checkpoint, its fc_1\)"):
         fit(False, epochs=2, resume=True)
     assert int(fit(True, epochs=2, resume=True).state.step) == 4
+
+
+def test_predict_on_a_model_that_outputs_nothing_says_what_to_do():
+    """``predict`` returned None, with no warning, for a root that ends in a loss Metric (the quick
+    start's own kind of model)."""
+    scale = fd.FC(1, activation=None, name="scale")
+
+    def prediction() -> fd.Block:
+        return fd.Vector(1) >> scale >> fd.Function(lambda v: v[:, 0])
+
+    model = fd.Record((prediction(), fd.Scalar())) >> fd.Function(lambda y, t: (y - t) ** 2) >> fd.Metric("loss")
+    t = fd.Trainer(fd.Compiler.create(model >> fd.Void()), optax.sgd(0.1), batch_size=2, progress=False)
+    examples = [([float(x)], 3.0 * x) for x in range(6)]
+    run = t.fit(examples, epochs=2)
+    with pytest.raises(ValueError, match=r"this model's root outputs VoidType\(\) .* compile the block that makes "
+                                         r"the prediction"):
+        t.predict(run.params, examples)
+    inference = fd.Compiler.create(prediction())
+    got = np.asarray(inference.apply(run.params, inference.build_batch([[2.0], [5.0]])).outputs)
+    w, b = float(run.params["scale"]["w"][0, 0]), float(run.params["scale"]["b"][0])
+    np.testing.assert_allclose(got, [2.0 * w + b, 5.0 * w + b], rtol=1e-6)
+
+
+def test_a_nan_loss_with_finite_parameters_is_reported_once():
+    """A NaN term that does not depend on the parameters trained to the end with ``train_loss: nan``
+    in the history and no word."""
+    model = (fd.Record((fd.Vector(1) >> fd.FC(1, activation=None, name="lin"), fd.Scalar()))
+             >> fd.Function(lambda y, t: (y[:, 0] - t) ** 2 + 0.0 * jnp.log(t)) >> fd.Metric("loss") >> fd.Void())
+    examples = [([1.0], 1.0)] * 6 + [([1.0], -1.0)] * 2  # log(-1) is NaN, times zero still NaN
+    t = fd.Trainer(fd.Compiler.create(model), optax.sgd(0.01), batch_size=8, progress=False)
+    with pytest.warns(RuntimeWarning, match=r"the loss of step 1 is nan, but the parameters stayed finite") as seen:
+        run = t.fit(examples, epochs=3)
+    assert len([w for w in seen if "stayed finite" in str(w.message)]) == 1
+    assert run.stopped == "epochs" and math.isnan(run.history[-1]["train_loss"])
+
+
+def test_progress_bars_use_the_text_bar_without_ipywidgets(monkeypatch):
+    """tqdm.auto in a notebook without ipywidgets warned "IProgress not found" for every bar, even
+    with progress=False."""
+    import importlib.util
+
+    import tqdm.std
+
+    from fold.compiler import progress
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+    assert progress.tqdm_class() is tqdm.std.tqdm
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, caplog):
+    trainer().fit(data(), epochs=2, checkpoint_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="fold"):
+        run = trainer().fit(data(), epochs=2, checkpoint_dir=tmp_path, resume=True)
+    assert int(run.state.step) == 10
+    assert any("has done its 2 epochs (step 10): nothing to train; pass a larger epochs=" in r.getMessage()
+               for r in caplog.records)

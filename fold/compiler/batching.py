@@ -22,6 +22,7 @@ import numpy as np
 from fold.blocks.host import HostValue
 from fold.blocks.tensors import flatten_value
 from fold.compiler import sharding
+from fold.compiler.progress import tqdm_class
 from fold.compiler.saving import SavePolicy
 from fold.compiler.sharding import Devices, ShardedBatch
 from fold.compiler.stats import StatsRecorder
@@ -199,9 +200,7 @@ class Batcher:
         examples = list(check_examples(examples, "record"))
         walked: Iterable[PyObject] = examples
         if progress:
-            from tqdm.auto import tqdm
-
-            walked = tqdm(examples, desc="recording examples", unit="ex")
+            walked = tqdm_class()(examples, desc="recording examples", unit="ex")
         return self._record(examples, walked)
 
     def _record(self, examples: list[PyObject], walked: Iterable[PyObject],

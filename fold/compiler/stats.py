@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import jax
 
+from fold.fields import documented
 from fold.scheduler.batch import Batch, BatchLayout
 from fold.scheduler.layouts import computed_rows
 
@@ -29,6 +30,7 @@ __all__ = ["CompilerStats", "StatsRecorder"]
 logger = logging.getLogger("fold")
 
 
+@documented
 class CompilerStats(NamedTuple):
     """A snapshot of ``compiler.stats()``.
 
@@ -49,16 +51,16 @@ class CompilerStats(NamedTuple):
     padded into a larger layout runs larger groups.
     """
 
-    batches: int
-    layouts: int
-    size_classes: dict[int, int]
-    traces: int
-    nodes: int
-    occupancy: float
-    min_occupancy: float
-    saving: int
-    compile_seconds: float = 0.0
-    padding: float = 1.0
+    batches: int  # batches built
+    layouts: int  # distinct layouts among them: compilations of a jitted step
+    size_classes: dict[int, int]  # batches per size class
+    traces: int  # times apply was traced
+    nodes: int  # operation calls built
+    occupancy: float  # mean share of a bucket that is real work
+    min_occupancy: float  # the lowest such share
+    saving: int  # batches whose backward pass keeps their loop items' matmul outputs
+    compile_seconds: float = 0.0  # seconds spent tracing, lowering and compiling steps that call apply
+    padding: float = 1.0  # rows the device computed over rows the batches needed
 
 
 class StatsRecorder:

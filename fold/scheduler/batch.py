@@ -18,16 +18,18 @@ import numpy as np
 from fold.blocks.base import Repeat
 from fold.blocks.host import HostValue
 from fold.blocks.types import BroadcastSequenceType, SequenceType, TensorType, TupleType, Type, VoidType
+from fold.fields import documented
 from fold.typing import PyObject
 
 __all__ = ["Batch", "BatchArrays", "BatchLayout", "BatchStats", "GroupArrays", "HostInfo", "MetricArrays"]
 
 
+@documented
 class BatchLayout(NamedTuple):
     """The static (hashable) part of a batch: it decides what JAX traces."""
 
-    size_class: int           # A
-    num_examples: int         # B, exact
+    size_class: int           # A: the most rows any arena type may need (a power of two)
+    num_examples: int         # B: the examples, exactly
     loop_ops: tuple[int, ...]           # operations with work items, sorted
     hoist_ops: tuple[int, ...]          # operations with depth-1 groups, sorted
     const_types: tuple[int, ...]        # arena types that have a constant table
@@ -73,6 +75,7 @@ class BatchArrays(NamedTuple):
     metrics: dict[str, MetricArrays]  # {metric name: MetricArrays}
 
 
+@documented
 class BatchStats(NamedTuple):
     """What a batch holds, for benchmarks and bucket occupancy (host only)."""
 

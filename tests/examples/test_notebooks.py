@@ -47,6 +47,8 @@ def _run(name: str) -> tuple[nbformat.NotebookNode, str]:
         assert bool(old.outputs) == bool(new.outputs), f"{name}: stored outputs are stale at {old.source[:60]!r}"
     assert _figures(stored), f"{name}: the stored notebook has no picture"
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    # tqdm.auto without ipywidgets (a fresh [dev] environment) warned in every notebook with a bar.
+    assert "IProgress not found" not in text and "TqdmWarning" not in text
     return nb, text
 
 
