@@ -85,6 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="minimum sequence lengths to train, one model each")
     p.add_argument("--train-size", type=COUNT, default=20_000, help="training sequences")
     p.add_argument("--test-size", type=COUNT, default=1_000, help="test sequences")
+    p.add_argument("--dev-size", type=COUNT, default=1_000, help="dev sequences (they pick the best epoch)")
     p.add_argument("--hidden", type=COUNT, default=100, help="hidden units of the feed-forward layers")
     p.add_argument("--score-scale", type=float, default=10.0,
                    help="s in the score s * tanh(w . h + b); 1 is Raffel & Ellis's tanh score")
@@ -92,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        learning_rate_help="initial rate, cosine-decayed to 0")
     args = p.parse_args(argv)
     if args.quick:
-        args.t0, args.train_size, args.test_size, args.epochs, args.hidden = [10], 1_024, 256, 4, 32
+        args.t0, args.train_size, args.test_size, args.dev_size, args.epochs, args.hidden = [10], 1_024, 256, 256, 4, 32
         args.learning_rate = 1e-2
     return args
 
@@ -101,6 +102,7 @@ def run(t0: int, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed + t0)
     train_data = make_data(rng, args.train_size, t0)
     test_data = make_data(rng, args.test_size, t0)
+    dev_data = make_data(rng, args.dev_size, t0)  # drawn after the test set, which stays as it was
     compiler = fd.Compiler.create(build_model(args.hidden, args.score_scale))
     # Cosine decay: the 0.04 tolerance needs the last epochs' small steps.
     steps = args.epochs * max(len(train_data) // args.batch_size, 1)
@@ -111,8 +113,10 @@ def run(t0: int, args: argparse.Namespace) -> dict[str, Any]:
         m = trainer.evaluate(p, test_recorded)
         return {"test_mse": m["loss"], "test_accuracy": m["correct"]}
 
-    fitted = common.fit(trainer, train_data, args, f"attention_t0_{t0}", scores=test_metrics, monitor="test_mse")
-    return {"t0": t0, "history": fitted.history, **test_metrics(fitted.params)}
+    # The dev set picks the best epoch; the test set is only reported (its curve too, in the history).
+    fitted = common.fit(trainer, train_data, args, f"attention_t0_{t0}", dev=dev_data, scores=test_metrics,
+                        monitor="dev_loss")
+    return {"t0": t0, "history": fitted.history, **test_metrics(fitted.best_params)}
 
 
 def main(argv: list[str] | None = None) -> dict:

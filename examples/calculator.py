@@ -92,12 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--train-size", type=COUNT, default=20_000, help="training expressions")
     p.add_argument("--test-size", type=COUNT, default=3_000, help="test expressions")
+    p.add_argument("--dev-size", type=COUNT, default=1_000, help="dev expressions (they pick the best epoch)")
     p.add_argument("--max-depth", type=COUNT, default=6, help="deepest expression tree")
     p.add_argument("--hidden", type=COUNT, default=64, help="state size of the expression encoder")
     add_training_flags(p, "calculator", epochs=20, batch_size=64, learning_rate=2e-3)
     args = p.parse_args(argv)
     if args.quick:
-        args.train_size, args.test_size, args.epochs, args.hidden = 1_000, 300, 4, 32
+        args.train_size, args.test_size, args.dev_size, args.epochs, args.hidden = 1_000, 300, 300, 4, 32
     return args
 
 
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     rng = random.Random(args.seed)
     train_data = make_data(rng, args.train_size, args.max_depth)
     test_data = make_data(rng, args.test_size, args.max_depth)
+    dev_data = make_data(rng, args.dev_size, args.max_depth)  # drawn after the test set, which stays as it was
 
     compiler = fd.Compiler.create(build_model(args.hidden))
     trainer = common.trainer(compiler, optax.adam(args.learning_rate), args)
@@ -114,9 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
     def test_errors(p: Any) -> np.ndarray:
         return trainer.evaluate(p, test_recorded, per_example=True)["abs_error"]
 
-    fitted = common.fit(trainer, train_data, args, "calculator",
+    # The dev set picks the best epoch; the test set is only reported (its curve too, in the history).
+    fitted = common.fit(trainer, train_data, args, "calculator", dev=dev_data, monitor="dev_abs_error",
                         scores=lambda p: {"test_abs_error": float(test_errors(p).mean())})
-    params, history = fitted.params, fitted.history
+    params, history = fitted.best_params, fitted.history
 
     errors = test_errors(params)
     depths = np.array([depth(e) for e, _ in test_data])

@@ -776,15 +776,16 @@ def _check_settings(directory: pathlib.Path, saved: object, now: dict[str, objec
         return  # saved before checkpoints carried their settings
     layers, saved_layers = now["layers"], saved.get("layers")
     assert isinstance(layers, dict)
-    if isinstance(saved_layers, dict) and saved_layers != layers:
-        # A default name counts the layers the process made before; the model's order is the
-        # layer's place. Loading by name would put each checkpointed layer in another's place.
-        moved = [f"{name} is the model's {layers[name]} (in the checkpoint, its {saved_layers[name]})"
-                 for name in sorted(layers) if name in saved_layers and saved_layers[name] != layers[name]]
+    # A default name counts the layers the process made before; the model's order is the layer's
+    # place. Loading by name would put each checkpointed layer in another's place. (Names in one
+    # of the two only are for loading to refuse, if the layer has parameters.)
+    moved = [f"{name} is the model's {layers[name]} (in the checkpoint, its {saved_layers[name]})"
+             for name in sorted(layers) if isinstance(saved_layers, dict) and saved_layers.get(name, layers[name])
+             != layers[name]]
+    if moved:
         raise ValueError(f"resume=True: the layers of the run in {directory} were made in another order: "
-                         f"{'; '.join(moved) or f'layers {sorted(saved_layers)}, now {sorted(layers)}'}. Their "
-                         "parameters would load into other layers: make the layers in the order the run did, "
-                         "or give them names (name=) so that checkpoints find them by name")
+                         f"{'; '.join(moved)}. Their parameters would load into other layers: make the layers in "
+                         "the order the run did, or give them names (name=) so that checkpoints find them by name")
     differ = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in now if k != "layers" and k in saved and saved[k] != now[k]]
     if differ:
         raise ValueError(f"resume=True: the run in {directory} was trained with {', '.join(differ)}; resuming "

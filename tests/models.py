@@ -98,8 +98,9 @@ def make_calculator(dtype: str = "float32", seed: int = 0, n: int = 20):
 
 
 # ------------------------------------------------------------ Tree-LSTM
-def make_tree_lstm(dtype: str = "float32", seed: int = 0, n: int = 20, hidden: int = 6, words: int = 50):
-    cell = fd.BinaryTreeLSTMCell(hidden)
+def make_tree_lstm(dtype: str = "float32", seed: int = 0, n: int = 20, hidden: int = 6, words: int = 50,
+                   recurrent_dropout: float = 0.0):
+    cell = fd.BinaryTreeLSTMCell(hidden, recurrent_dropout=recurrent_dropout)
     embed = fd.Embedding(words, 4, dtype=dtype)
     h = fd.TensorType((hidden,), dtype)
     state = fd.TupleType(h, h)

@@ -45,12 +45,15 @@ def test_small_batches_defer_and_large_ones_do_not():
 def test_a_layer_that_draws_stays_in_the_loop():
     """A loop item's key depends on the item, so a cell with recurrent dropout adds its weight
     cotangents item by item, with the masks its forward pass drew."""
+    def cell_of(block: fd.Block) -> fd.Layer:
+        return next(b.layer for b in _functions(block) if isinstance(b.layer, fd.BinaryTreeLSTMCell))
+
     with enable_x64():
         block, _, examples = MODELS["tree_lstm"](dtype="float64", n=6)
-        cell = next(b.layer for b in _functions(block) if isinstance(b.layer, fd.BinaryTreeLSTMCell))
-        assert cell.name in _deferred(block, examples)
-        assert cell.name in _deferred(block, examples, key=None)
-        cell.recurrent_dropout = 0.4
+        assert cell_of(block).name in _deferred(block, examples)
+        assert cell_of(block).name in _deferred(block, examples, key=None)
+        block, _, examples = MODELS["tree_lstm"](dtype="float64", n=6, recurrent_dropout=0.4)
+        cell = cell_of(block)
         key = jax.random.key(7)
         assert cell.name not in _deferred(block, examples, key)
         assert cell.name in _deferred(block, examples, None)  # no key: nothing draws
