@@ -106,4 +106,7 @@ def write_report(name: str, report: dict, path: str | None = None) -> pathlib.Pa
                                     "jax_backend": jax.default_backend(),
                                     "devices": [str(d) for d in jax.devices()]}}
     out.write_text(json.dumps(report, indent=2) + "\n")
+    if name.endswith("_quick"):
+        print("\n(a --quick run is a smoke test: a small subset, few epochs and a small model, so its scores "
+              "are not those of the full run in docs/examples.md)")
     return out

@@ -21,6 +21,8 @@ from fold.typing import PyObject
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+    from fold.scheduler.program import CompiledOp
+
 __all__ = ["plot_schedule", "schedule_profile"]
 
 
@@ -75,10 +77,14 @@ def plot_schedule(compiler: Compiler, examples: Iterable[PyObject], ax: Axes | N
                edgecolor="white", linewidth=0.3)
         bottom[x] += g.computed
     for op in ops:
-        ax.bar(0, 0, color=colors[op], label=f"{op}: {compiler.program.ops[op].spec.label}")
+        ax.bar(0, 0, color=colors[op], label=f"{op}: {_op_label(compiler.program.ops[op])}")
     ax.bar(0, 0, color="grey", alpha=0.35, hatch="//", label="padding")
     ax.set_xticks(range(len(steps)), [f"{d}" if s == "loop" else f"{d}\n{s}" for d, s in steps])
-    ax.set_xlabel("depth (one batched call per operation)")
+    depths = {d for d, _ in steps}
+    empty = sorted(set(range(min(depths), max(depths) + 1)) - depths) if depths else []
+    shown = ", ".join(map(str, empty[:6])) + (", ..." if len(empty) > 6 else "")
+    ax.set_xlabel("depth (one batched call per operation)"
+                  + (f"; depths {shown} run nothing and are left out" if empty else ""))
     ax.set_ylabel("rows")
     nodes, computed = sum(g.rows for g in groups), sum(g.computed for g in groups)
     ax.set_title(f"{len(examples)} examples: {nodes:,} nodes, {computed:,} rows computed (C = {chunk})")
@@ -86,3 +92,8 @@ def plot_schedule(compiler: Compiler, examples: Iterable[PyObject], ax: Axes | N
     if own_figure:
         figure.tight_layout()
     return ax
+
+
+def _op_label(op: CompiledOp) -> str:
+    """An operation as the legend names it: its layer's class and name where it has one."""
+    return f"{type(op.layer).__name__} {op.layer.name!r}" if op.layer is not None else op.spec.label

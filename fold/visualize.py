@@ -17,6 +17,8 @@ Examples:
 
 from __future__ import annotations
 
+import shutil
+import warnings
 from typing import TYPE_CHECKING
 
 from fold.blocks.base import Block
@@ -73,6 +75,10 @@ def visualize(block: BlockLike | Compiler, types: bool = True) -> graphviz.Digra
     from fold.compiler.compiler import Compiler
 
     root = block.program.root if isinstance(block, Compiler) else convert_to_block(block)
+    if shutil.which("dot") is None:
+        warnings.warn("Graphviz's dot program is not installed, so this graph cannot be drawn (a notebook shows an "
+                      "error in its place; graph.source is its DOT text): install Graphviz, e.g. apt install graphviz, "
+                      "brew install graphviz or conda install graphviz", RuntimeWarning, stacklevel=2)
     graph = graphviz.Digraph(graph_attr={"rankdir": "TB"}, node_attr={"shape": "box", "fontsize": "10"})
     ids: dict[int, str] = {}
 
@@ -82,13 +88,53 @@ def visualize(block: BlockLike | Compiler, types: bool = True) -> graphviz.Digra
             return name
         name = ids[id(b)] = f"b{len(ids)}"
         # "\\n" is DOT's centred line break.
-        label = repr(b) + (f"\\n{short_type(b.input_type)} → {short_type(b.output_type)}" if types else "")
+        label = _label(b) + (f"\\n{short_type(b.input_type)} → {short_type(b.output_type)}" if types else "")
         shape = {"shape": "ellipse"} if isinstance(b, ForwardDeclaration) else {}
         graph.node(name, label, **shape)
-        for child in b.children():
+        keys = _case_keys(b)
+        for child in _stages(b):
             recursion = isinstance(child, ForwardDeclaration) and id(child) in ids
-            graph.edge(name, add(child), **({"style": "dashed", "label": "recurses"} if recursion else {}))
+            style = {"style": "dashed", "label": "recurses"} if recursion else {}
+            if id(child) in keys:
+                style = {**style, "label": f"{style['label']} ({keys[id(child)]})" if style else keys[id(child)]}
+            graph.edge(name, add(child), **style)
         return name
 
     add(root)
     return graph
+
+
+def _label(b: Block) -> str:
+    """What a node says a block is: a layer's class and name (``FC 'encoder'``) rather than the
+    ``Function`` around it."""
+    from fold.blocks.tensors import Function
+
+    layer = b.layer if isinstance(b, Function) else None
+    return f"{type(layer).__name__} {layer.name!r}" if layer is not None else repr(b)
+
+
+def _stages(b: Block) -> list[Block]:
+    """``b``'s children, with the pipes nested in a pipe (one per ``>>``) opened: a chain of ``>>``
+    is drawn as one pipe with all its stages."""
+    from fold.blocks.plumbing import Pipe
+
+    if not isinstance(b, Pipe):
+        return b.children()
+    out: list[Block] = []
+    stack = list(reversed(b.children()))
+    while stack:
+        child = stack.pop()
+        if isinstance(child, Pipe) and not child._name:
+            stack.extend(reversed(child.children()))
+        else:
+            out.append(child)
+    return out
+
+
+def _case_keys(b: Block) -> dict[int, str]:
+    """For a ``OneOf``, each case block's key as an edge label, by the block's id."""
+    from fold.blocks.control import OneOf
+
+    if not isinstance(b, OneOf):
+        return {}
+    return {id(case): repr(key) for key, case in b._cases.items()}

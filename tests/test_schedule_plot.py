@@ -67,3 +67,22 @@ def test_a_block_in_place_of_the_compiler_is_a_type_error():
         with pytest.raises(TypeError, match=f"^{call.__name__} takes a Compiler \\(fd.Compiler.create\\(model\\)\\), "
                                             "got Pipe$"):
             call(model, [[1.0]])
+
+
+def test_the_plot_names_layers_and_says_which_depths_it_leaves_out():
+    """The legend said ``Function(FC)`` for every layer, and depths without work vanished from the
+    x axis without a word."""
+    from tests.models import MODELS
+
+    block, _, examples = MODELS["attention"](n=8)
+    compiler = fd.Compiler.create(block)
+    groups, _ = fd.schedule_profile(compiler, examples)
+    shown = {g.depth for g in groups}
+    missing = sorted(set(range(1, max(shown) + 1)) - shown)
+    assert missing  # its tail runs after depths that hold no operation
+    ax = fd.plot_schedule(compiler, examples)
+    assert f"depths {', '.join(map(str, missing))} run nothing and are left out" in ax.get_xlabel()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    layers = [layer for layer, _ in compiler.program.layers.values()]
+    assert {f"{type(layer).__name__} {layer.name!r}" for layer in layers} <= {t.partition(": ")[2] for t in legend}
+    assert not any("Function(FC)" in t for t in legend)

@@ -43,3 +43,31 @@ def test_short_types():
                      fd.VoidType())
     assert short_type(t) == "(int32[2, 3], [float32], obj, void)"
     assert short_type(None) == "?"
+
+
+def test_layers_by_name_case_keys_and_one_node_per_chain(monkeypatch):
+    """Every layer was drawn as ``Function(FC)``, ``OneOf`` edges had no case keys, and each ``>>``
+    was one more nested ``Pipe`` node."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/dot")
+    chain = fd.Vector(2) >> fd.FC(3, name="encoder") >> fd.FC(3, name="hidden") >> fd.FC(1, name="out")
+    model = fd.OneOf(lambda x: x["kind"], {"short": fd.GetItem("v") >> chain, "none": fd.Zeros(fd.TensorType((1,)))})
+    source = fd.visualize(model).source
+    labels = dict(re.findall(r'^\s*(b\d+) \[label="([^"]*)"', source, re.M))
+    assert [lab.split("\\n")[0] for lab in labels.values()] == [
+        "OneOf", "Pipe", "GetItem", "Vector", "FC 'encoder'", "FC 'hidden'", "FC 'out'", "Zeros"]
+    by_label = {lab.split("\\n")[0]: b for b, lab in labels.items()}
+    assert f"b0 -> {by_label['Pipe']} [label=\"'short'\"]" in source
+    assert f"b0 -> {by_label['Zeros']} [label=\"'none'\"]" in source
+    for stage in ("GetItem", "Vector", "FC 'encoder'", "FC 'hidden'", "FC 'out'"):
+        assert f"{by_label['Pipe']} -> {by_label[stage]}" in source  # one pipe holds the whole chain
+
+
+def test_without_graphviz_dot_a_warning_says_what_to_install(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.warns(RuntimeWarning, match=r"Graphviz's dot program is not installed.*apt install graphviz"):
+        graph = fd.visualize(fd.Scalar())
+    assert "Scalar" in graph.source
