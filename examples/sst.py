@@ -61,21 +61,25 @@ def _has_splits(folder: pathlib.Path) -> bool:
     return all((folder / f"{split}.txt").exists() for split in SPLITS)
 
 
-def data_dir(given: str | pathlib.Path | None, quick: bool = False) -> pathlib.Path:
+def data_dir(given: str | pathlib.Path | None, quick: bool = False,
+             pointer: str = "pass --data-dir with the folder that holds them") -> pathlib.Path:
     """The SST folder to read: ``given`` (``--data-dir``), else the committed sample for a quick
-    run, else ``cache_dir()``, downloading the treebank there first if it is not there yet."""
+    run, else ``cache_dir()``, downloading the treebank there first if it is not there yet
+    (``pointer`` says, where the download fails, how to give a folder instead: a notebook has no
+    flags)."""
     if given is not None:
         return pathlib.Path(given)
     if quick:
         return SAMPLE
     folder = cache_dir()
     if not _has_splits(folder):
-        download(folder)
+        download(folder, pointer=pointer)
     return folder
 
 
 def download(dest: str | pathlib.Path, url: str = URL, checksums: Mapping[str, str] = CHECKSUMS,
-             opener: Callable[[str], Any] = urllib.request.urlopen, progress: bool = True) -> pathlib.Path:
+             opener: Callable[[str], Any] = urllib.request.urlopen, progress: bool = True,
+             pointer: str = "pass --data-dir with the folder that holds them") -> pathlib.Path:
     """Downloads the treebank zip from ``url`` and writes ``train.txt``, ``dev.txt`` and
     ``test.txt`` into ``dest``, each checked against ``checksums`` (SHA-256) before it is kept.
 
@@ -85,7 +89,7 @@ def download(dest: str | pathlib.Path, url: str = URL, checksums: Mapping[str, s
     """
     dest = pathlib.Path(dest)
     manual = (f"download {URL} by hand, unzip it and put trees/train.txt, dev.txt and test.txt in {dest} "
-              "(or pass --data-dir with the folder that holds them)")
+              f"(or {pointer})")
     with tempfile.TemporaryDirectory() as tmp:
         archive = pathlib.Path(tmp) / "sst.zip"
         try:

@@ -16,7 +16,9 @@ import re
 import sys
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "notebooks"
 
@@ -73,6 +75,34 @@ def test_sentiment_notebook_on_the_sst_sample(monkeypatch):
         line = next(ln for ln in text.splitlines() if ln.startswith(f"{split}: root fine"))
         values = [float(v) for v in re.findall(r"\d+\.\d+", line)]
         assert len(values) == 3 and all(0.0 <= v <= 1.0 for v in values)
+
+
+def _setup_cells(name: str, cwd: pathlib.Path, extra: str) -> str:
+    """Runs a notebook's first two code cells (imports, paths, data) and ``extra`` in a kernel
+    started in ``cwd``; returns what they print."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nb.cells = [c for c in nb.cells if c.cell_type == "code"][:2] + [nbformat.v4.new_code_cell(extra)]
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
+    return "\n".join(o.get("text", "") for c in nb.cells for o in c.outputs)
+
+
+def test_the_sentiment_notebook_runs_from_the_repository_root(monkeypatch):
+    """Its paths came from ``Path.cwd().parents[1]``: started at the root, it looked for the data
+    in the clone's parent."""
+    monkeypatch.setenv("FOLD_NOTEBOOK_QUICK", "1")
+    root = NOTEBOOKS.parents[1]
+    text = _setup_cells("sentiment.ipynb", root, "print(ROOT == ROOT.resolve(), DATA_DIR.is_dir(), ROOT.name)")
+    assert f"True True {root.name}" in text
+
+
+def test_offline_the_sentiment_notebook_says_to_set_fold_sst_dir(monkeypatch, tmp_path):
+    """With no network and no data, it told a notebook user to pass ``--data-dir``, a CLI flag."""
+    for var in ("FOLD_NOTEBOOK_QUICK", "FOLD_SST_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FOLD_DATA", str(tmp_path))  # an empty cache
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")  # nothing listens there: offline
+    with pytest.raises(CellExecutionError, match="set FOLD_SST_DIR to the folder that holds them"):
+        _setup_cells("sentiment.ipynb", NOTEBOOKS, "print(DATA_DIR)")
 
 
 def refresh(names: list[str]) -> None:

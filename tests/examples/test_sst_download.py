@@ -55,6 +55,8 @@ def test_no_network_says_what_to_download_and_where(tmp_path):
                                            r"trainDevTestTrees_PTB.zip by hand, unzip it and put trees/train.txt, "
                                            r"dev.txt and test.txt in .*cache"):
         sst.download(tmp_path / "cache", opener=offline, progress=False)
+    with pytest.raises(RuntimeError, match=r"\(or set FOLD_SST_DIR to the folder\)"):  # a notebook has no flags
+        sst.download(tmp_path / "cache", opener=offline, progress=False, pointer="set FOLD_SST_DIR to the folder")
 
 
 def test_data_dir_downloads_once_into_the_cache(tmp_path, monkeypatch):
@@ -70,8 +72,8 @@ def test_data_dir_downloads_once_into_the_cache(tmp_path, monkeypatch):
         return io.BytesIO(payload)
 
     real = sst.download
-    monkeypatch.setattr(sst, "download", lambda dest: real(dest, checksums=SAMPLE_SUMS, opener=opener,
-                                                           progress=False))
+    monkeypatch.setattr(sst, "download", lambda dest, **kw: real(dest, checksums=SAMPLE_SUMS, opener=opener,
+                                                                 progress=False, **kw))
     folder = sst.data_dir(None)
     assert folder == tmp_path / "data" / "sst" and len(sst.load("train", folder)) == 640
     assert sst.data_dir(None) == folder and calls == [sst.URL]  # the second call finds the cache
