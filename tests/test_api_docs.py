@@ -22,3 +22,13 @@ def test_mkdocs_builds_without_warnings(tmp_path):
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("Compiler", "Trainer", "ForwardDeclaration", "save_checkpoint"):
         assert f'id="fold.{name}"' in api, name
+
+
+def test_the_reference_lists_every_public_name_once_in_a_group():
+    """The reference was one page of every name in alphabetical order, internals beside entry points."""
+    import fold
+
+    page = (ROOT / "docs" / "api.md").read_text()
+    listed = re.findall(r"^::: fold\.(\w+)$", page, re.M)
+    assert sorted(listed) == sorted(fold.__all__) and len(listed) == len(set(listed))
+    assert len(re.findall(r"^## ", page, re.M)) >= 5

@@ -18,12 +18,14 @@ def test_quick_run(tmp_path, monkeypatch):
     out = tmp_path / "host_allocator.json"
     r = host_allocator.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])
     (row,) = r["rows"]
-    assert row["batch_size"] == 16 and row["backward"] == "recompute"
-    assert row["temp_bytes"] > 0 and row["default_s"] > 0 and row["keep_blocks_s"] > 0
-    assert row["speedup"] == row["default_s"] / row["keep_blocks_s"]
-    assert row["default_faults"] >= 0 and row["keep_blocks_faults"] >= 0
-    # Each child started with exactly the variables of its side.
-    assert [x["env"] for x in row["runs"]["keep_blocks"]] == [host_allocator.KEEP_BLOCKS]
-    assert [x["env"] for x in row["runs"]["default"]] == [{k: None for k in host_allocator.KEEP_BLOCKS}]
-    assert json.loads(out.read_text())["keep_blocks_env"] == host_allocator.KEEP_BLOCKS
+    assert row["batch_size"] == 16 and row["backward"] == "recompute" and row["temp_bytes"] > 0
+    assert set(row["seconds"]) == set(host_allocator.VARIANTS) and min(row["seconds"].values()) > 0
+    for name in ("keep_blocks", "huge_pages"):
+        assert row["speedup"][name] == row["seconds"]["default"] / row["seconds"][name]
+    assert min(row["faults"].values()) >= 0
+    # Each child started with exactly the variables of its variant.
+    for name, env in host_allocator.VARIANTS.items():
+        want = {k: env.get(k) for k in host_allocator.ALLOCATOR_VARIABLES}
+        assert [x["env"] for x in row["runs"][name]] == [want]
+    assert json.loads(out.read_text())["variants"] == host_allocator.VARIANTS
     assert out.with_suffix(".png").stat().st_size > 1000
