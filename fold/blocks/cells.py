@@ -37,6 +37,9 @@ class _Cell(Layer):
         self.initializer = initializer or jax.nn.initializers.glorot_uniform()
         self.recurrent_dropout = check_rate(self, recurrent_dropout)
 
+    def _repr_args(self) -> list[str]:
+        return [str(self.num_units)] if hasattr(self, "num_units") else []
+
     @property
     def stochastic(self) -> bool:  # type: ignore[override]
         return self.recurrent_dropout > 0

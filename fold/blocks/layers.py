@@ -166,8 +166,14 @@ class Layer(abc.ABC):
         return not self._named
 
     def __repr__(self) -> str:
-        # As constructed: a default name is not part of how the layer was written.
-        return f"{type(self).__name__}({self._name!r})" if self._named else type(self).__name__
+        # As constructed (sizes, and the name if one was given): a default name is not part of how
+        # the layer was written.
+        args = [*self._repr_args(), *([f"name={self._name!r}"] if self._named else [])]
+        return f"{type(self).__name__}({', '.join(args)})" if args else type(self).__name__
+
+    def _repr_args(self) -> list[str]:
+        """The constructor arguments ``repr`` shows before the name (a layer's sizes)."""
+        return []
 
     @abc.abstractmethod
     def init(self, key: jax.Array, input_type: Type) -> PyTree:
@@ -320,6 +326,9 @@ class FC(Layer):
         """The number of output units."""
         return self.num_units_out
 
+    def _repr_args(self) -> list[str]:
+        return [str(self.num_units_out)] if hasattr(self, "num_units_out") else []
+
     def weights(self, params: Weights) -> jax.Array:
         """This layer's weight matrix ``w`` in ``params`` (from ``compiler.init``)."""
         return self._own(params)["w"]
@@ -415,6 +424,9 @@ class Embedding(Layer):
             initializer = None
         self.initializer = initializer or jax.nn.initializers.normal(1.0 / np.sqrt(self.num_units_out))
 
+    def _repr_args(self) -> list[str]:
+        return [str(self.num_buckets), str(self.num_units_out)] if hasattr(self, "num_units_out") else []
+
     def init(self, key: jax.Array, input_type: Type) -> Weights:
         if not isinstance(input_type, TensorType) or input_type.shape != () or \
                 dtype_kind(input_type.dtype) not in "iu":
@@ -478,6 +490,9 @@ class Dropout(Layer):
     def __init__(self, rate: float, name: str | None = None):
         super().__init__(name)
         self.rate = check_rate(self, rate)
+
+    def _repr_args(self) -> list[str]:
+        return [repr(self.rate)] if hasattr(self, "rate") else []
 
     def init(self, key: jax.Array, input_type: Type) -> Weights:
         if not isinstance(input_type, TensorType) or dtype_kind(input_type.dtype) != "f":

@@ -355,7 +355,7 @@ def test_a_compiled_layers_attributes_are_fixed():
     fc.activation = jnp.tanh  # before compiling: the model is still being written
     compiler = fd.Compiler.create(fd.Vector(2) >> fc)
     params = compiler.init(jax.random.key(0))
-    with pytest.raises(AttributeError, match=r"FC\('dense'\) is part of a compiled model, so its 'activation' is"):
+    with pytest.raises(AttributeError, match=r"FC\(2, name='dense'\) is part of a compiled model, so its"):
         fc.activation = jax.nn.relu
     x = np.array([[0.5, -2.0]], np.float32)
     w, b = np.asarray(params["dense"]["w"]), np.asarray(params["dense"]["b"])
@@ -376,5 +376,13 @@ def test_a_compiled_layers_attributes_are_fixed():
 
     scale = Scale()
     fd.Compiler.create(fd.Vector(2) >> scale)
-    with pytest.raises(AttributeError, match="Scale.'scale'. is part of a compiled model"):
+    with pytest.raises(AttributeError, match=r"Scale\(name='scale'\) is part of a compiled model"):
         scale.factor = 3.0
+
+
+def test_a_layer_shows_its_sizes_and_given_name():
+    """``repr(fd.FC(3))`` was just ``FC``."""
+    assert [repr(x) for x in (fd.FC(3), fd.FC(3, name="d"), fd.Embedding(10, 4), fd.Dropout(0.5),
+                              fd.LSTMCell(8, name="c"), fd.GRUCell(2), fd.BinaryTreeLSTMCell(5))] == [
+        "FC(3)", "FC(3, name='d')", "Embedding(10, 4)", "Dropout(0.5)", "LSTMCell(8, name='c')", "GRUCell(2)",
+        "BinaryTreeLSTMCell(5)"]
