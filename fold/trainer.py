@@ -70,7 +70,7 @@ from fold.compiler.progress import tqdm_class
 from fold.compiler.result import Result
 from fold.errors import check_examples, check_int
 from fold.fields import documented
-from fold.scheduler.batch import Batch
+from fold.scheduler.batch import Batch, BatchLayout
 from fold.scheduler.records import RecordedExamples
 from fold.typing import Params, PyObject, PyTree
 
@@ -81,6 +81,8 @@ logger = logging.getLogger("fold")
 # Files a run keeps in its checkpoint_dir. last.npz carries the history and the run's settings as
 # metadata, so that they always match its state; history.json is a copy to read.
 LAST, BEST, HISTORY = "last.npz", "best.npz", "history.json"
+# A step on a new layout whose call took longer than this compiled (a call only queues a step).
+_COMPILED_SECONDS = 0.5
 # What a save killed halfway leaves behind (``save_checkpoint``'s and ``_write_text``'s temp files).
 _TEMP = re.compile(rf"({re.escape(LAST)}|{re.escape(BEST)}|{re.escape(HISTORY)})\.[0-9a-f]{{16}}\.tmp")
 
@@ -106,6 +108,8 @@ class _Bar(Protocol):
     def update(self, n: int = 1) -> object: ...
 
     def set_postfix(self, *, loss: str, refresh: bool) -> None: ...
+
+    def unpause(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -229,6 +233,7 @@ class _Run:
     stopped: str = "epochs"
     settings: dict[str, object] = dataclasses.field(default_factory=dict)  # what a resume must match
     warned_loss: bool = False  # whether a non-finite loss with finite parameters was reported
+    layouts: set[BatchLayout] = dataclasses.field(default_factory=set)  # those the steps have met
 
     def save(self) -> None:
         """Writes the last state, with the history and settings, to the checkpoint directory (if
@@ -524,7 +529,13 @@ class Trainer:
         """One optimizer step on ``batch`` (the next of an epoch visiting examples in ``order``); its
         loss is read one step later (``_log_loss``)."""
         s = run.state
+        new_layout = batch.layout not in run.layouts
+        started = time.perf_counter()
         params, opt_state, loss = self._step(s.params, s.opt_state, batch, jnp.int32(s.step))
+        if new_layout:
+            run.layouts.add(batch.layout)
+            if run.bar is not None and time.perf_counter() - started > _COMPILED_SECONDS:
+                run.bar.unpause()  # the bar's rate and ETA leave out the compilation
         run.state = s._replace(params=params, opt_state=opt_state, step=int(s.step) + 1,
                                epoch_step=int(s.epoch_step) + 1)
         first = int(s.epoch_step) * self.batch_size

@@ -566,3 +566,35 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, caplog):
     assert int(run.state.step) == 10
     assert any("has done its 2 epochs (step 10): nothing to train; pass a larger epochs=" in r.getMessage()
                for r in caplog.records)
+
+
+def test_the_progress_bar_leaves_compilations_out_of_its_rate(monkeypatch):
+    """The bar's ETA after the first (compiling) step read minutes for a seconds-long run."""
+    import fold.trainer as trainer_module
+
+    class Bar:
+        def __init__(self):
+            self.calls = []
+
+        def update(self, n=1):
+            self.calls.append("update")
+
+        def set_postfix(self, *, loss, refresh):
+            pass
+
+        def unpause(self):
+            self.calls.append("unpause")
+
+        def close(self):
+            pass
+
+    bars = []
+    monkeypatch.setattr(trainer_module, "_bar", lambda *a, **k: bars.append(Bar()) or bars[-1])
+    monkeypatch.setattr(trainer_module, "_COMPILED_SECONDS", 0.0)  # every first step on a layout "compiled"
+    t = trainer(optax.sgd(0.1))
+    t.fit(data(), epochs=2)
+    assert bars[0].calls[0] == "unpause" and bars[0].calls.count("unpause") == 1  # one layout
+    assert bars[0].calls.count("update") == 10
+    monkeypatch.setattr(trainer_module, "_COMPILED_SECONDS", 1e9)  # a step that only queued: nothing to leave out
+    t.fit(data(), epochs=1)
+    assert "unpause" not in bars[1].calls
