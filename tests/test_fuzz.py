@@ -106,6 +106,7 @@ def test_a_metric_in_a_void_branch_records_every_example():
     np.testing.assert_allclose(np.asarray(values.values), np.stack([v[0] for v in expected]), rtol=1e-5)
 
 
+@pytest.mark.slow  # 30 s; the long fuzz runs themselves resume this way
 def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsys):
     """``--resume`` runs the recorded failures again (one that passes now moves to the fixed cases),
     then continues the recorded run from its next seed and adds to its counts, here with two cases

@@ -22,9 +22,8 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -57,20 +56,12 @@ class LayerParams:
         """Parameters for every layer (see ``Compiler.init``)."""
         if not is_key(key):
             raise TypeError(f"init needs a PRNG key such as jax.random.key(0), got {key!r}")
-        if isinstance(key, jax.core.Tracer) or jax.config.jax_disable_jit:  # type: ignore[attr-defined]
-            return self._init(key)
-        # One compiled call: run op by op, a first init compiles every operation of every
-        # initializer on its own (1.5 s of a toy model's first seconds, against 0.7 s). Inits are
-        # traceable already: shapes come from them by jax.eval_shape.
-        return self._jitted_init(key)
-
-    def _init(self, key: jax.Array) -> Params:
+        # Op by op: a first init in a process compiles each initializer's operations (about 1.5 s for
+        # a toy model), later ones reuse them. One jitted init per compiler would compile again for
+        # every compiler a process makes (a test suite: minutes), and some layers' inits only run
+        # on concrete keys.
         return {name: layer.init(jax.random.fold_in(key, zlib.crc32(self.seeds[name].encode())), t)
                 for name, (layer, t) in sorted(self.layers.items())}
-
-    @functools.cached_property
-    def _jitted_init(self) -> Callable[[jax.Array], Params]:
-        return jax.jit(self._init)
 
     @property
     def structs(self) -> Params:
