@@ -61,6 +61,7 @@ def test_a_layer_that_draws_stays_in_the_loop():
                      _grads(block, "auto", examples, key, 0, chunk_size=8))
 
 
+@pytest.mark.slow  # 24 s; the per-model test above covers a chain (the RNN) in every backward mode
 def test_a_bidirectional_tagger_gets_the_same_gradients():
     """Word and character LSTMs over chains (two of them reversed), an MLP per word and a loss per
     word: every loop operation has rows from many one- to four-row items."""
