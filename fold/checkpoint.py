@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import secrets
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import BinaryIO
 
 import jax
 import numpy as np
@@ -79,6 +81,12 @@ def save_checkpoint(path: str | os.PathLike[str], tree: PyTree, metadata: Mappin
             arrays[f"{_DTYPE_PREFIX}{value.dtype.name}:{key}"] = value.view(f"u{value.dtype.itemsize}")
         else:
             arrays[key] = value
+    write_whole(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]  # numpy's **kwds typing
+
+
+def write_whole(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Runs ``write`` on a file next to ``path`` (``NAME.<16 hex digits>.tmp``) and renames it over
+    ``path``: a reader sees the old file or the new one whole, never a torn one."""
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Created as open() would (mode 0o666 less the umask, as np.savez's files are), not mkstemp's 0o600.
@@ -86,11 +94,16 @@ def save_checkpoint(path: str | os.PathLike[str], tree: PyTree, metadata: Mappin
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as its own flags
+            write(f)
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def is_left_by(name: str, file_name: str) -> bool:
+    """Whether ``name`` is a temporary file that a ``write_whole`` of ``file_name`` killed halfway left."""
+    return re.fullmatch(rf"{re.escape(file_name)}\.[0-9a-f]{{16}}\.tmp", name) is not None
 
 
 def load_checkpoint(path: str | os.PathLike[str], like: PyTree) -> PyTree:

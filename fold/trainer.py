@@ -50,10 +50,7 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import pathlib
-import re
-import secrets
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -64,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fold.checkpoint import checkpoint_metadata, load_checkpoint, save_checkpoint
+from fold.checkpoint import checkpoint_metadata, is_left_by, load_checkpoint, save_checkpoint, write_whole
 from fold.compiler.compiler import Compiler, check_compiler
 from fold.compiler.progress import tqdm_class
 from fold.compiler.result import Result
@@ -83,8 +80,6 @@ logger = logging.getLogger("fold")
 LAST, BEST, HISTORY = "last.npz", "best.npz", "history.json"
 # A step on a new layout whose call took longer than this compiled (a call only queues a step).
 _COMPILED_SECONDS = 0.5
-# What a save killed halfway leaves behind (``save_checkpoint``'s and ``_write_text``'s temp files).
-_TEMP = re.compile(rf"({re.escape(LAST)}|{re.escape(BEST)}|{re.escape(HISTORY)})\.[0-9a-f]{{16}}\.tmp")
 
 
 Record = dict[str, "int | float | bool | np.ndarray"]
@@ -246,7 +241,8 @@ class _Run:
         losses = self.losses + ([float(self.pending.loss)] if self.pending is not None else [])
         save_checkpoint(directory / LAST, self.state._asdict(),
                         {"history": self.history, "settings": self.settings, "losses": losses})
-        _write_text(directory / HISTORY, json.dumps(self.history, indent=1) + "\n")
+        text = json.dumps(self.history, indent=1) + "\n"
+        write_whole(directory / HISTORY, lambda f: f.write(text.encode()))
 
     def keep_if_best(self, record: Record) -> bool:
         """Keeps the current parameters if ``record``'s monitored score is the best so far (marking
@@ -758,24 +754,12 @@ def _named(error: Exception, what: str) -> Exception:
     return RuntimeError(message)
 
 
-def _write_text(path: pathlib.Path, text: str) -> None:
-    """Writes ``path`` next to itself and renames it over ``path``: a reader sees the old or the
-    new file whole, never a torn one."""
-    tmp = path.parent / f"{path.name}.{secrets.token_hex(8)}.tmp"
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _remove_temp_files(directory: pathlib.Path) -> None:
     """Removes what saves killed halfway (SIGKILL, power loss) left in a run's ``directory``."""
     if not directory.is_dir():
         return
     for path in directory.iterdir():
-        if _TEMP.fullmatch(path.name):
+        if any(is_left_by(path.name, name) for name in (LAST, BEST, HISTORY)):
             logger.info("removing %s, left by a save that was killed halfway", path)
             path.unlink(missing_ok=True)
 
