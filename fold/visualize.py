@@ -72,6 +72,7 @@ def visualize(block: BlockLike | Compiler, types: bool = True) -> graphviz.Digra
                           "(and Graphviz's dot program to render the graph)") from e
     from fold.blocks.base import convert_to_block
     from fold.blocks.control import ForwardDeclaration
+    from fold.blocks.plumbing import Pipe
     from fold.compiler.compiler import Compiler
 
     root = block.program.root if isinstance(block, Compiler) else convert_to_block(block)
@@ -92,7 +93,8 @@ def visualize(block: BlockLike | Compiler, types: bool = True) -> graphviz.Digra
         shape = {"shape": "ellipse"} if isinstance(b, ForwardDeclaration) else {}
         graph.node(name, label, **shape)
         keys = _case_keys(b)
-        for child in _stages(b):
+        # A chain of ``>>`` is drawn as one pipe with all its stages (named sub-chains as their own).
+        for child in b.stages(open_named=False) if isinstance(b, Pipe) else b.children():
             recursion = isinstance(child, ForwardDeclaration) and id(child) in ids
             style = {"style": "dashed", "label": "recurses"} if recursion else {}
             if id(child) in keys:
@@ -111,24 +113,6 @@ def _label(b: Block) -> str:
 
     layer = b.layer if isinstance(b, Function) else None
     return f"{type(layer).__name__} {layer.name!r}" if layer is not None else repr(b)
-
-
-def _stages(b: Block) -> list[Block]:
-    """``b``'s children, with the pipes nested in a pipe (one per ``>>``) opened: a chain of ``>>``
-    is drawn as one pipe with all its stages."""
-    from fold.blocks.plumbing import Pipe
-
-    if not isinstance(b, Pipe):
-        return b.children()
-    out: list[Block] = []
-    stack = list(reversed(b.children()))
-    while stack:
-        child = stack.pop()
-        if isinstance(child, Pipe) and not child._name:
-            stack.extend(reversed(child.children()))
-        else:
-            out.append(child)
-    return out
 
 
 def _case_keys(b: Block) -> dict[int, str]:

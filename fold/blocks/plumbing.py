@@ -78,6 +78,20 @@ class Pipe(Block):
     def children(self) -> list[Block]:
         return list(self._blocks)
 
+    def stages(self, open_named: bool = True) -> list[Block]:
+        """The blocks this pipe runs in order, the pipes nested in it (one per ``>>``) opened, named
+        ones too unless ``open_named`` is False; without recursion, as a chain of a thousand ``>>``
+        is a thousand nested pipes."""
+        out: list[Block] = []
+        stack = list(reversed(self._blocks))
+        while stack:
+            b = stack.pop()
+            if isinstance(b, Pipe) and (open_named or not b.name):
+                stack.extend(reversed(b._blocks))
+            else:
+                out.append(b)
+        return out
+
     def _host_leaf(self, x: HostValue, ctx: HostContext) -> HostValue:
         for b in ctx.steps(self):
             x = run_leaf(b, x, ctx)

@@ -63,20 +63,6 @@ class Fused:
                       own.layer if own else None, own.in_type if own else None, own is specs[0])
 
 
-def _chain(pipe: Pipe) -> list[Block]:
-    """``pipe``'s blocks in order, nested pipes flattened (without recursion: a chain of a thousand
-    ``>>`` is a thousand nested pipes)."""
-    out: list[Block] = []
-    stack: list[Block] = [pipe]
-    while stack:
-        b = stack.pop()
-        if isinstance(b, Pipe):
-            stack.extend(reversed(list(b.children())))
-        else:
-            out.append(b)
-    return out
-
-
 def _is_op(b: Block) -> bool:
     return isinstance(b, (Function, Concat))
 
@@ -94,7 +80,7 @@ def _steps(pipe: Pipe) -> list[Step]:
         steps.extend([Fused(run)] if len(run) > 1 else run)
         run.clear()
 
-    for b in _chain(pipe):
+    for b in pipe.stages():
         if not _is_op(b):
             close()
             steps.append(b)
