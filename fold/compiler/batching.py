@@ -27,13 +27,14 @@ from fold.compiler.saving import SavePolicy
 from fold.compiler.sharding import Devices, ShardedBatch
 from fold.compiler.stats import StatsRecorder
 from fold.errors import InvalidConstant, check_examples, check_int
-from fold.scheduler.background import Chunk, IdlePool, build_ahead
+from fold.scheduler import layouts
+from fold.scheduler.background import Chunk, ChunkSizes, IdlePool, Job, build_ahead
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import BatchBuilder, ExampleChunk, gc_paused, run_examples
-from fold.scheduler.layouts import LayoutPolicy
+from fold.scheduler.layouts import LayoutPolicy, sample_ahead
 from fold.scheduler.program import Program
 from fold.scheduler.records import RecordedExamples, record
-from fold.scheduler.schedule import schedule
+from fold.scheduler.schedule import schedule, stream_chunk
 from fold.scheduler.walk import walk
 from fold.typing import PyObject
 
@@ -59,21 +60,24 @@ class Batcher:
         type_shapes = [(t.shape, t.dtype) for t in program.types]
         self._layouts = LayoutPolicy(type_shapes, max_layouts)
         self._shared_layouts = sharding.SharedLayouts(type_shapes)
+        # Per batch size, the C its streams build with (``_stream``).
+        self._stream_chunks: dict[int, int] = {}
         # Worker processes of ``batches(num_workers=...)``, kept between calls and stopped with the batcher.
         self._idle_workers = IdlePool()
         weakref.finalize(self, self._idle_workers.close)
 
     # -------------------------------------------------------------- one batch
     def build(self, examples: Sequence[PyObject], keep_host: bool = False, dataset_indices: Sequence[int] | None = None,
-              indexed: bool = True) -> tuple[Batch, BatchBuilder, list[HostValue]]:
+              indexed: bool = True, chunk_sizes: ChunkSizes = None) -> tuple[Batch, BatchBuilder, list[HostValue]]:
         """The batch of ``examples`` in its own layout, with the builder that recorded it and each
-        example's host value. Errors name each example by its position, its ``dataset_indices``
-        entry, or (``indexed=False``, one example on its own) as "the input"."""
+        example's host value; ``C`` is picked among ``chunk_sizes`` (default: the compiler's).
+        Errors name each example by its position, its ``dataset_indices`` entry, or
+        (``indexed=False``, one example on its own) as "the input"."""
         builder, outputs = run_examples(self.program, examples, indexed, dataset_indices)
         with gc_paused():
             try:
                 batch = schedule(self.program, builder.arrays(), self._roots(outputs), len(examples),
-                                 self.chunk_sizes, keep_host, owner=self.token)
+                                 chunk_sizes or self.chunk_sizes, keep_host, owner=self.token)
             except InvalidConstant as e:
                 self.raise_invalid_constant(examples, e, dataset_indices)
         return batch, builder, outputs
@@ -116,10 +120,10 @@ class Batcher:
         self._stats.built(batch)
         return batch
 
-    def build_own(self, examples: Iterable[PyObject] | Chunk, chunk_sizes: tuple[int, ...] | None = None) -> Batch:
+    def build_own(self, examples: Iterable[PyObject] | Chunk, chunk_sizes: ChunkSizes = None) -> Batch:
         """The batch of ``examples`` in its own layout, before the save policy and the layout
         policy see it, and not counted in ``stats``: NumPy only (workers run this). ``C`` is
-        picked among ``chunk_sizes`` (recorded examples only; default: the compiler's)."""
+        picked among ``chunk_sizes`` (default: the compiler's)."""
         if isinstance(examples, RecordedExamples):
             self.check_owner(examples)
             if not len(examples):
@@ -128,11 +132,11 @@ class Batcher:
             return schedule(self.program, rec, roots, len(examples), chunk_sizes or self.chunk_sizes, check=False,
                             owner=self.token)
         if isinstance(examples, ExampleChunk):
-            return self.build(examples.examples, dataset_indices=examples.indices)[0]
+            return self.build(examples.examples, dataset_indices=examples.indices, chunk_sizes=chunk_sizes)[0]
         examples = examples if isinstance(examples, list) else list(examples)  # build_batch listed them
         if not examples:
             raise ValueError("build_batch needs at least one example")
-        return self.build(examples)[0]
+        return self.build(examples, chunk_sizes=chunk_sizes)[0]
 
     def check_owner(self, recorded: RecordedExamples) -> None:
         """Raises ValueError unless this batcher recorded ``recorded``."""
@@ -227,24 +231,46 @@ class Batcher:
         pieces = _pieces(examples, batch_size, shuffle, drop_remainder, seed)
         if devices is not None:
             return (self.build_sharded(chunk, devices, axis, idx.tolist()) for chunk, idx in pieces)
-        return self._stream(pieces, num_workers, prefetch)
+        return self._stream(pieces, num_workers, prefetch, batch_size)
 
-    def _stream(self, pieces: Iterator[tuple[Chunk, np.ndarray]], num_workers: int, prefetch: bool) -> Iterator[Batch]:
-        """The batches of ``pieces``, built in the caller, on a thread or in workers."""
+    def _stream(self, pieces: Iterator[tuple[Chunk, np.ndarray]], num_workers: int, prefetch: bool,
+                batch_size: int) -> Iterator[Batch]:
+        """The batches of ``pieces``, built in the caller, on a thread or in workers, all with the
+        ``C`` that ``stream_chunk`` picks from the first ``layouts.PLAN_AHEAD`` (kept for later streams of
+        ``batch_size``): a batch built before it was picked is built again if it took another."""
         indices: deque[np.ndarray] = deque()
+        waiting: deque[Chunk] = deque()
+        chunk = self._stream_chunks.get(batch_size)
 
-        def chunks() -> Iterator[Chunk]:
+        def jobs() -> Iterator[Job]:
             # Read lazily as batches are built ahead: a stream of examples is taken only as far as
-            # the batches need. Each chunk's indices wait for its batch in ``indices``.
-            for chunk, idx in pieces:
+            # the batches need. Each chunk waits for its batch in ``waiting``, its indices in ``indices``.
+            for examples, idx in pieces:
                 indices.append(idx)
-                yield chunk
+                waiting.append(examples)
+                yield examples, None if chunk is None else (chunk,)
 
-        built = ((self.build_own(chunk) for chunk in chunks()) if num_workers == 0 and not prefetch
-                 else build_ahead(self.build_own, chunks(), num_workers, self._idle_workers))
+        def one_chunk(built: Iterator[Batch]) -> Iterator[Batch]:
+            nonlocal chunk
+            sample, error = sample_ahead(built, layouts.PLAN_AHEAD) if chunk is None else ([], None)
+            if sample:
+                chunk = stream_chunk([np.asarray(b.built_stats().group_rows, np.int64) for b in sample],
+                                     self.chunk_sizes)
+                if len(sample) == layouts.PLAN_AHEAD:  # a short stream's pick is its own
+                    self._stream_chunks[batch_size] = chunk
+            for batch in itertools.chain(sample, built):
+                examples = waiting.popleft()
+                if batch.layout.chunk != chunk:  # built before the stream picked its C
+                    batch = self.build_own(examples, None if chunk is None else (chunk,))
+                yield batch
+            if error is not None:
+                raise error
+
+        built = ((self.build_own(*job) for job in jobs()) if num_workers == 0 and not prefetch
+                 else build_ahead(self.build_own, jobs(), num_workers, self._idle_workers))
         # Saving is decided and layouts are handed out here, in the batches' order, the first
         # layouts planned from a few batches ahead.
-        for batch in self._layouts.stream(map(self._saving.decide, built)):
+        for batch in self._layouts.stream(map(self._saving.decide, one_chunk(built))):
             batch.example_indices = indices.popleft()
             self._stats.built(batch)  # counted here: workers have their own copy of the counters
             yield batch

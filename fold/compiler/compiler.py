@@ -108,8 +108,9 @@ class Compiler:
         an item of C rows costing a fixed overhead plus C (``pick_chunk``):
         512 where most of its items would be full (large batches of large
         trees), 32 where it adds few items to a tiny batch (a single tree),
-        else 128. Each C a stream of batches uses is one more layout to
-        compile.
+        else 128. ``batches`` prices them once, over its first batches, and
+        builds the whole stream with one C (``stream_chunk``). Each C a
+        loop's batches use is one more layout to compile.
         ``backward`` picks how gradients of the loop are computed:
         ``"recompute"`` runs each loop item's forward pass again before its
         ``vjp`` (memory stays at the arenas), ``"save"`` keeps each item's

@@ -65,12 +65,18 @@ from fold.scheduler.batch import Batch
 from fold.scheduler.builder import ExampleChunk
 from fold.scheduler.records import ByReference, RecordedExamples, next_serial
 
-__all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool", "Chunk", "Build"]
+__all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool", "Chunk", "ChunkSizes", "Job", "Build"]
 
 Chunk: TypeAlias = RecordedExamples | ExampleChunk
 """One batch's examples as the stream carries them: recorded, or Python examples with their indices."""
 
-Build: TypeAlias = Callable[[Chunk], Batch]
+ChunkSizes: TypeAlias = tuple[int, ...] | None
+"""The candidates for ``C`` a batch is built with (None: its compiler's)."""
+
+Job: TypeAlias = tuple[Chunk, ChunkSizes]
+"""One batch to build: its examples and its candidates for ``C``."""
+
+Build: TypeAlias = Callable[[Chunk, ChunkSizes], Batch]
 """Builds the batch of one chunk of examples (``Batcher.build_own``: NumPy only)."""
 
 _JOIN_SECONDS = 2.0  # how long a stopping worker may take to finish its batch before it is killed
@@ -122,23 +128,24 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None
         # file, and ours is how a worker learns that its consumer died (even by SIGKILL).
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
-    jobs: queue.SimpleQueue[Chunk | ByReference | None] = queue.SimpleQueue()
+    jobs: queue.SimpleQueue[tuple[Chunk | ByReference, ChunkSizes] | None] = queue.SimpleQueue()
 
     def read() -> None:
         try:
-            while (chunk := conn.recv()) is not None:
-                jobs.put(chunk)
+            while (job := conn.recv()) is not None:
+                jobs.put(job)
         except (EOFError, OSError):
             pass  # the consumer is gone: stop
         jobs.put(None)
 
     threading.Thread(target=read, daemon=True).start()
     try:
-        while (chunk := jobs.get()) is not None:
+        while (job := jobs.get()) is not None:
+            chunk, sizes = job
             try:
                 if isinstance(chunk, ByReference):
                     chunk = chunk.resolve()
-                message: tuple[bool, Batch | BaseException, str | None] = (True, build(chunk), None)
+                message: tuple[bool, Batch | BaseException, str | None] = (True, build(chunk, sizes), None)
             except (Exception, SystemExit) as e:  # sys.exit in a user's function: the consumer's to raise
                 message = (False, _picklable(e), traceback.format_exc())
             conn.send_bytes(_message_bytes(message))
@@ -200,14 +207,15 @@ class WorkerPool:
         """Whether this pool has ``n`` live workers and nothing in flight."""
         return len(self.procs) == n and self.in_flight == 0 and all(p.is_alive() for p in self.procs)
 
-    def submit(self, i: int, chunk: Chunk) -> None:
-        """Sends job ``i``: build ``chunk``, a list of examples or recorded examples (by reference
+    def submit(self, i: int, job: Job) -> None:
+        """Sends job ``i``: build its chunk, a list of examples or recorded examples (by reference
         when the workers hold their recording: indices instead of arrays)."""
+        chunk, sizes = job
         sent: Chunk | ByReference = chunk
         if isinstance(chunk, RecordedExamples):
             sent = chunk.by_reference(self.born) or chunk
         try:
-            data = pickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps((sent, sizes), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             raise TypeError(
                 f"num_workers > 0 sends each batch's examples to the worker processes by pickle, and "
@@ -329,25 +337,25 @@ class IdlePool:
             pool.stop()
 
 
-def _in_order(chunks: Iterable[Chunk], window: int, submit: Callable[[int, Chunk], object],
+def _in_order(jobs: Iterable[Job], window: int, submit: Callable[[int, Job], object],
               result: Callable[[int], Batch]) -> Iterator[Batch]:
-    """``result(i)`` for the ``i``-th of ``chunks``, in order, keeping up to ``window`` jobs
-    submitted ahead (``submit(i, chunk)``). ``chunks`` is read lazily, in the caller's thread:
+    """``result(i)`` for the ``i``-th of ``jobs``, in order, keeping up to ``window`` jobs
+    submitted ahead (``submit(i, job)``). ``jobs`` is read lazily, in the caller's thread:
     a stream of examples is taken only as far as the batches ahead need. An error reading it
     (the examples' own: a file gone) is raised after the batches read before it."""
-    pending = iter(chunks)
+    pending = iter(jobs)
     submitted = done = 0
     reading, error = True, None
     while True:
         while reading and submitted - done < window:
             try:
-                chunk = next(pending, None)
+                job = next(pending, None)
             except Exception as e:
-                chunk, error = None, e
-            if chunk is None:
+                job, error = None, e
+            if job is None:
                 reading = False
                 break
-            submit(submitted, chunk)
+            submit(submitted, job)
             submitted += 1
         if done == submitted:
             if error is not None:
@@ -357,22 +365,22 @@ def _in_order(chunks: Iterable[Chunk], window: int, submit: Callable[[int, Chunk
         done += 1
 
 
-def _with_threads(build: Build, chunks: Iterable[Chunk], num_workers: int, ahead: int) -> Iterator[Batch]:
+def _with_threads(build: Build, jobs: Iterable[Job], num_workers: int, ahead: int) -> Iterator[Batch]:
     pool = ThreadPoolExecutor(num_workers)
     pending: deque[Future[Batch]] = deque()
     try:
-        yield from _in_order(chunks, num_workers + ahead,
-                             lambda _, chunk: pending.append(pool.submit(build, chunk)),
+        yield from _in_order(jobs, num_workers + ahead,
+                             lambda _, job: pending.append(pool.submit(build, *job)),
                              lambda _: pending.popleft().result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _with_processes(build: Build, chunks: Iterable[Chunk], num_workers: int, ahead: int,
+def _with_processes(build: Build, jobs: Iterable[Job], num_workers: int, ahead: int,
                     idle: IdlePool) -> Iterator[Batch]:
     pool = idle.take(build, num_workers)
     try:
-        yield from _in_order(chunks, num_workers + ahead, pool.submit, pool.result)
+        yield from _in_order(jobs, num_workers + ahead, pool.submit, pool.result)
     finally:
         # Kept only when every batch was read: anything still in flight would reach the next call.
         if pool.usable(num_workers):
@@ -381,17 +389,18 @@ def _with_processes(build: Build, chunks: Iterable[Chunk], num_workers: int, ahe
             pool.stop()
 
 
-def build_ahead(build: Build, chunks: Iterable[Chunk], num_workers: int, idle: IdlePool,
+def build_ahead(build: Build, jobs: Iterable[Job], num_workers: int, idle: IdlePool,
                 ahead: int = 2) -> Iterator[Batch]:
-    """Yields the batch of every chunk, in order, built in the background by ``build``: by
+    """Yields the batch of every job, in order, built in the background by ``build``: by
     ``num_workers`` workers of ``idle`` (threads where processes cannot be forked), or with
-    ``num_workers == 0`` by one thread of this process, as one worker. ``chunks`` may be a lazy
-    iterator; it is read in the caller's thread."""
-    if isinstance(chunks, Sequence) and not chunks:
+    ``num_workers == 0`` by one thread of this process, as one worker. ``jobs`` may be a lazy
+    iterator; it is read in the caller's thread, each job when it is submitted (so a job's
+    candidates for ``C`` may depend on the batches yielded before)."""
+    if isinstance(jobs, Sequence) and not jobs:
         return
     if num_workers == 0:
-        yield from _with_threads(build, chunks, 1, ahead)
+        yield from _with_threads(build, jobs, 1, ahead)
     elif uses_processes():
-        yield from _with_processes(build, chunks, num_workers, ahead, idle)
+        yield from _with_processes(build, jobs, num_workers, ahead, idle)
     else:
-        yield from _with_threads(build, chunks, num_workers, ahead)
+        yield from _with_threads(build, jobs, num_workers, ahead)

@@ -85,6 +85,7 @@ class BatchStats(NamedTuple):
     rows: int                 # arena rows used by the fullest type (<= size_class)
     type_rows: tuple[int, ...]          # arena rows used, per arena type (constants and node outputs)
     saved_rows: tuple[int, ...] = ()  # per loop operation, rows its items would save (fold/compiler/saving.py decides)
+    group_rows: tuple[int, ...] = ()  # rows of each loop group (the node calls of one operation at one depth)
 
 
 class HostInfo(NamedTuple):

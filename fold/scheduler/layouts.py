@@ -49,7 +49,7 @@ from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, M
 from fold.scheduler.schedule import TINY_BATCH, item_sizes, next_pow2, padded_rows, piece_rows
 
 __all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "PLAN_AHEAD", "SAVED_SHARE", "SPREAD", "LayoutPolicy", "computed_rows",
-           "empty", "fits", "join", "pad_to", "saved_floor"]
+           "empty", "fits", "join", "pad_to", "sample_ahead", "saved_floor"]
 
 logger = logging.getLogger("fold")
 
@@ -264,6 +264,19 @@ def computed_rows(batch: Batch) -> int:
     return rows
 
 
+def sample_ahead(batches: Iterator[Batch], n: int, first: Sequence[Batch] = ()) -> tuple[list[Batch], Exception | None]:
+    """``first`` and the next batches of ``batches``, ``n`` in all (fewer where it ends), and the
+    error building the one after them raised, if any: a stream raises it in its place, after
+    the batches before it."""
+    sample = list(first)
+    try:
+        while len(sample) < n and (more := next(batches, None)) is not None:
+            sample.append(more)
+    except Exception as e:
+        return sample, e
+    return sample, None
+
+
 class LayoutPolicy:
     """Hands out layouts for a stream of batches, at most ``max_layouts`` unless a batch fits none
     (see the module docstring). Host only; not thread-safe (the compiler calls it from the
@@ -287,12 +300,7 @@ class LayoutPolicy:
             if _kind(batch.layout) in {_kind(layout) for layout in self.layouts}:
                 yield self.assign(batch)
                 continue
-            sample, error = [batch], None
-            try:
-                while len(sample) < ahead and (more := next(batches, None)) is not None:
-                    sample.append(more)
-            except Exception as e:  # raised in its place in the stream, below
-                error = e
+            sample, error = sample_ahead(batches, ahead, [batch])
             self.plan(sample)
             for batch in sample:
                 yield self.assign(batch)

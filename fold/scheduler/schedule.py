@@ -18,15 +18,15 @@ power of two): their nodes get depths past the loop's deepest, ordered by
 that distance (see ``_tail``).
 The remaining groups are cut into *work items* of ``C`` rows plus one
 remainder rounded up to a power of two (>= 8); the jitted ``while_loop``
-runs one item per iteration. ``C`` is chosen per batch from the compiler's
-candidates (``pick_chunk``): large groups run faster in large items, while
-every item costs a fixed overhead plus work in proportion to ``C`` whatever
-its rows.
+runs one item per iteration. ``C`` is chosen from the compiler's candidates,
+per batch (``pick_chunk``) or, in a stream, once from a sample of its batches
+(``stream_chunk``): large groups run faster in large items, while every item
+costs a fixed overhead plus work in proportion to ``C`` whatever its rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from fold.scheduler.program import Program
 
 __all__ = ["check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes", "profile", "GroupProfile",
-           "piece_rows", "padded_rows", "MIN_ITEM", "PIECES"]
+           "piece_rows", "padded_rows", "stream_chunk", "MIN_ITEM", "PIECES"]
 
 MIN_ITEM = 8
 # What a loop item costs besides its rows, in rows: ``pick_chunk`` prices an item of C rows at
@@ -53,7 +53,8 @@ ITEM_OVERHEAD = 192
 # ran 8-23 % faster training and 26-36 % faster inference at 32. In larger batches the cost model
 # picked them for some batches of a size class and not others (SST batches of 8-20 trees, within
 # 5 % either way; batches of 64 small random-model examples at A = 1024 and 2048), and each C a
-# stream uses compiles separately: an SST epoch at batch 16 compiled 15 times instead of 7.
+# stream uses compiles separately: an SST epoch at batch 16 compiled 15 times instead of 7. (This
+# holds for batches built one by one: a stream picks one C for all its batches, ``stream_chunk``.)
 SMALL_CHUNK = 128
 TINY_SIZE_CLASS = 1024
 TINY_BATCH = 4
@@ -119,7 +120,22 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int,
     chain = num_examples <= CHAIN_BATCH and int(group_rows.max(initial=0)) <= num_examples
     if not (tiny or chain) and chunks[-1] >= SMALL_CHUNK:
         chunks = tuple(c for c in chunks if c >= SMALL_CHUNK)
-    costs = [int(np.sum(-(-group_rows // c))) * (ITEM_OVERHEAD + c) for c in chunks]
+    return stream_chunk([group_rows], chunks)
+
+
+def stream_chunk(sample: Sequence[np.ndarray], chunks: tuple[int, ...]) -> int:
+    """``C`` for every batch of a stream, from the loop groups' rows of a ``sample`` of its
+    batches: the candidate whose items cost least over the whole sample, priced as in
+    ``pick_chunk``. Every candidate competes: one ``C`` serves the stream, so its batches cannot
+    alternate between sizes and compile once for each.
+
+    Examples:
+        >>> stream_chunk([np.array([40, 19, 12, 6]), np.array([59, 20, 9])], (32, 128, 512))  # a tagger's
+        32
+        >>> stream_chunk([np.array([600, 300, 120, 40, 9, 3])] * 2, (32, 128, 512))  # SST's
+        128
+    """
+    costs = [sum(int(np.sum(-(-rows // c))) for rows in sample) * (ITEM_OVERHEAD + c) for c in chunks]
     return chunks[int(np.argmin(costs))]
 
 
@@ -402,7 +418,8 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
     n_depth, loop_depth = _depths(program, rec)
     groups = _sort(rec.n_op, n_depth, loop_depth)
     A = _size_class(program, rec)
-    chunk = pick_chunk(groups.g_count[_in_loop(groups)], chunk_sizes, A, num_examples)
+    group_rows = groups.g_count[_in_loop(groups)]
+    chunk = pick_chunk(group_rows, chunk_sizes, A, num_examples)
     chunks = _cut(program, rec, groups, chunk)
     # Each arena holds only its own type's rows, rounded up to a power of two:
     # a model's types fill very different numbers of rows.
@@ -439,5 +456,6 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
                          arena_rows, chunk)
     host = HostInfo(rec.v_type, v_row) if keep_host else None
     stats = BatchStats(len(rec.n_op), len(items.branch), int(n_depth.max()) if len(n_depth) else 0,
-                       int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()), tuple(items.saved_rows))
+                       int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()), tuple(items.saved_rows),
+                       tuple(group_rows.tolist()))
     return Batch(arrays, layout, host, stats, owner, rec.metric_labels)

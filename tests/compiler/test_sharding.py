@@ -137,6 +137,7 @@ def test_parts_that_would_pick_different_chunk_sizes_share_the_largest():
 
 
 
+@pytest.mark.slow  # 20-40 s; the named models' sharded tests run in CI
 def test_random_models_sharded_over_two_devices_equal_their_reference():
     """The fuzz's random models (every grammar production: OneOf, recursion, metrics, Void, ...) on
     batches split over two devices: outputs, metric values and gradients against the per-example

@@ -7,6 +7,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import fold as fd
 from examples import tagger
@@ -54,6 +55,7 @@ def test_per_word_losses_match_numpy():
     np.testing.assert_allclose(np.asarray(losses), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 30-55 s; test_per_word_losses_match_numpy checks the model in CI
 def test_quick_run_trains(tmp_path):
     report = tagger.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path), "--data-dir", str(SAMPLE),
                           "--json", str(tmp_path / "t.json")])

@@ -20,31 +20,40 @@ def test_glove_loader(tmp_path):
     assert table.shape == (2, 3) and np.abs(table[0]).max() < 1
 
 
-def test_glove_vectors_are_the_initial_embeddings(tmp_path):
-    """--glove end to end: the model starts from the file's vectors for the words it has, and a
-    quick run trains from them; a file of another width than --embed-size is refused."""
-    import jax
-
-    import fold as fd
-
-    trees = sst.load("train", SAMPLE)
-    word_idx = sst.vocabulary(trees)
-    words = sorted(word_idx)[:3]
+def _glove_file(tmp_path: pathlib.Path, words: list[str]) -> tuple[pathlib.Path, np.ndarray]:
     glove = tmp_path / "glove.txt"
     vectors = np.arange(3 * 16, dtype=np.float32).reshape(3, 16) / 100
     glove.write_text("".join(w + " " + " ".join(map(str, v)) + "\n" for w, v in zip(words, vectors)),
                      encoding="utf-8")
+    return glove, vectors
+
+
+def test_glove_vectors_are_the_initial_embeddings(tmp_path):
+    """--glove: the model starts from the file's vectors for the words it has; a file of another
+    width than --embed-size is refused."""
+    import jax
+
+    import fold as fd
+
+    word_idx = sst.vocabulary(sst.load("train", SAMPLE))
+    words = sorted(word_idx)[:3]
+    glove, vectors = _glove_file(tmp_path, words)
     args = tree_lstm_sst.parse_args(["--quick", "--glove", str(glove)])
     table = tree_lstm_sst.load_glove(glove, word_idx, args.embed_size, seed=0)
     params = fd.Compiler.create(tree_lstm_sst.build_model(word_idx, args, table)).init(jax.random.key(0))
     rows = np.asarray(params["embedding"]["table"])[[word_idx[w] for w in words]]
     np.testing.assert_allclose(rows, vectors, rtol=1e-6)
+    with pytest.raises(ValueError, match="--embed-size is 8"):
+        tree_lstm_sst.load_glove(glove, word_idx, 8, seed=0)
+
+
+@pytest.mark.slow  # a second quick run (15-30 s) beside test_quick_run_learns
+def test_a_quick_run_trains_from_glove_vectors(tmp_path):
+    glove, _ = _glove_file(tmp_path, sorted(sst.vocabulary(sst.load("train", SAMPLE)))[:3])
     report = tree_lstm_sst.main(["--quick", "--quiet", "--glove", str(glove), "--checkpoint-dir", str(tmp_path),
                                  "--data-dir", str(SAMPLE), "--json", str(tmp_path / "t.json"), "--no-test"])
     assert report["history"][-1]["train_loss"] < report["history"][0]["train_loss"]
     assert list(report["results"]) == ["dev"]  # --no-test: the test set is not evaluated
-    with pytest.raises(ValueError, match="--embed-size is 8"):
-        tree_lstm_sst.load_glove(glove, word_idx, 8, seed=0)
 
 
 def test_quick_run_learns(tmp_path):

@@ -6,6 +6,7 @@ import itertools
 
 import jax
 import numpy as np
+import pytest
 
 import fold as fd
 from examples import weave
@@ -64,6 +65,7 @@ def test_weave_module_matches_numpy():
         np.testing.assert_allclose(np.array([np.array(row) for row in pairs]), ref_pairs, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # 35-70 s; test_weave_module_matches_numpy checks the model in CI
 def test_quick_run_learns(tmp_path):
     report = weave.main(["--quick", "--quiet", "--checkpoint-dir", str(tmp_path), "--json", str(tmp_path / "w.json")])
     for name in ("weave", "atoms_only"):

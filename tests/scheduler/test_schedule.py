@@ -115,7 +115,8 @@ def test_batch_stats_count_nodes_items_depth_and_rows():
     # 16 doubles (depth 1, hoisted), then a balanced sum of 16: adds at depths 2 to 5, one item each
     # (the adds at depths 3 to 5 are within TAIL_DEPTH of the result, but those at depth 2 are not).
     assert batch.stats == fd.BatchStats(num_nodes=31, num_items=4, max_depth=5, rows=16 + 16 + 15,
-                                        type_rows=(16 + 16 + 15,), saved_rows=(4 * 8,))  # 4 items of 8 rows
+                                        type_rows=(16 + 16 + 15,), saved_rows=(4 * 8,),  # 4 items of 8 rows
+                                        group_rows=(8, 4, 2, 1))  # the adds, a depth each
     assert batch.layout.tail_ops == ()
     assert "nodes=31" in repr(batch)
     assert jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(batch))).stats is None
