@@ -68,3 +68,37 @@ def test_the_same_stream_has_a_handful_of_layouts_in_each_backward_mode(backward
     for trees in _stream():
         compiler.build_batch(trees)
     assert compiler.stats().layouts <= most
+
+
+_CACHED_RUN = """
+import jax, optax
+import fold as fd
+from tests.models import make_tree_lstm
+block, _, _ = make_tree_lstm(n=1, hidden=8)
+compiler = fd.Compiler.create(block >> fd.Function(lambda h: (h ** 2).sum(-1)) >> fd.Metric("loss"))
+params = compiler.init(jax.random.key(0))
+batch = compiler.build_batch([(5, (1, 2)), 3, ((1, 2), (4, 7))])
+grads = jax.jit(jax.grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum()))(params)
+print(float(jax.tree_util.tree_leaves(grads)[0].sum()))
+"""
+
+
+def test_a_second_process_takes_every_compiled_function_from_jaxs_persistent_cache(tmp_path):
+    """fold's jitted functions lower to the same programs in every process, so JAX's persistent
+    compilation cache (docs/quickstart.md) serves a rerun of a script: nothing new is compiled."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _CACHED_RUN], env=env, cwd=root, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs.append((out.stdout, sorted(p.name for p in (tmp_path / "cache").iterdir())))
+    (first_out, first_entries), (second_out, second_entries) = runs
+    assert len(first_entries) > 3  # the gradient's program and the initializers' operations
+    assert second_entries == first_entries and second_out == first_out
