@@ -166,7 +166,9 @@ def _tree_rnn(hidden: int = 3) -> tuple[fd.Block, Callable]:
     return node() >> fd.Function(lambda h: jnp.sum(h, -1)), reference
 
 
-def test_second_order_derivatives_match_an_unbatched_evaluation():
+# Each backward mode compiles two second-order programs (about 20 s): saving runs under -m slow.
+@pytest.mark.parametrize("backward", ["recompute", pytest.param("save", marks=pytest.mark.slow)])
+def test_second_order_derivatives_match_an_unbatched_evaluation(backward):
     """``apply`` is a ``custom_vjp`` whose backward pass is plain JAX, so forward over reverse
     (``jvp`` of a ``grad``: Hessian-vector products, and ``jax.hessian``) differentiates it, in
     either backward mode. Forward mode on ``apply`` itself and reverse over reverse (the backward
@@ -181,20 +183,18 @@ def test_second_order_derivatives_match_an_unbatched_evaluation():
         params = fd.Compiler.create(block).init(jax.random.key(0))
         want = {name: jax.jit(lambda p, d=d: d(lambda q: sum(jnp.sin(jnp.sum(reference(q, t))) for t in trees), p))(
             params) for name, d in derivatives.items()}
-        for backward in ("recompute", "save"):
-            compiler = fd.Compiler.create(block, backward=backward)
-            batch = compiler.build_batch(trees)
+        compiler = fd.Compiler.create(block, backward=backward)
+        batch = compiler.build_batch(trees)
 
-            def batched(p):
-                return jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))
+        def batched(p):
+            return jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))
 
-            for name, derivative in derivatives.items():
-                got = jax.jit(lambda p, d=derivative: d(batched, p))(params)
-                where = f"{name}, backward={backward}"
-                assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want[name]), where
-                for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want[name])):
-                    assert np.abs(np.asarray(w)).max() > 1e-3, where  # not a comparison of zeros
-                    np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, err_msg=where)
+        for name, derivative in derivatives.items():
+            got = jax.jit(lambda p, d=derivative: d(batched, p))(params)
+            assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want[name]), name
+            for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want[name])):
+                assert np.abs(np.asarray(w)).max() > 1e-3, name  # not a comparison of zeros
+                np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, err_msg=name)
         with pytest.raises(ValueError, match="Reverse-mode differentiation does not work for lax.while_loop"):
             jax.grad(lambda q: jnp.sum(jax.grad(batched)(q)["inner"]["w"] ** 2))(params)
 

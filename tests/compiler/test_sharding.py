@@ -92,6 +92,7 @@ def test_two_processes_train_as_one_device():
         _check(report)
 
 
+@pytest.mark.slow  # 15-30 s of two processes; test_two_processes_train_as_one_device runs them in CI
 def test_a_dying_process_is_an_error_not_a_hang():
     port = str(_free_port())
     start = time.monotonic()
