@@ -120,7 +120,7 @@ def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int,
     chain = num_examples <= CHAIN_BATCH and int(group_rows.max(initial=0)) <= num_examples
     if not (tiny or chain) and chunks[-1] >= SMALL_CHUNK:
         chunks = tuple(c for c in chunks if c >= SMALL_CHUNK)
-    return stream_chunk([group_rows], chunks)
+    return _cheapest([group_rows], chunks)
 
 
 def stream_chunk(sample: Sequence[np.ndarray], chunks: tuple[int, ...]) -> int:
@@ -135,6 +135,12 @@ def stream_chunk(sample: Sequence[np.ndarray], chunks: tuple[int, ...]) -> int:
         >>> stream_chunk([np.array([600, 300, 120, 40, 9, 3])] * 2, (32, 128, 512))  # SST's
         128
     """
+    return _cheapest(sample, chunks)
+
+
+def _cheapest(sample: Sequence[np.ndarray], chunks: tuple[int, ...]) -> int:
+    """The candidate whose items, ``ITEM_OVERHEAD + C`` rows each, cost least over the loop
+    groups of every batch of ``sample`` (ties go to the smaller)."""
     costs = [sum(int(np.sum(-(-rows // c))) for rows in sample) * (ITEM_OVERHEAD + c) for c in chunks]
     return chunks[int(np.argmin(costs))]
 
