@@ -25,22 +25,27 @@ Writes ``benchmarks/results/dynet_tagger.json``.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import random
-import statistics
-import time
 from typing import Any
 
 import jax
 import optax
 
 import fold as fd
-from benchmarks.common import add_run_flags, figure, save_results
+from benchmarks.against_dynet import (
+    DYNET,
+    FOLD,
+    Steps,
+    add_race_flags,
+    batches_of,
+    fold_steps,
+    race,
+    report,
+    start_dynet,
+)
+from benchmarks.common import add_run_flags, save_results
 from examples import sst, tagger
-from examples.common import COUNT, print_table
 
-# DyNet's memory pool is allocated up front and cannot grow under autobatching.
-DYNET_MEMORY_MB = 2048
 # DyNet's trainers clip the gradients' global norm to this by default.
 DYNET_CLIP = 5.0
 
@@ -49,12 +54,8 @@ class DynetTagger:
     """The suite's ``bilstm-tagger-withchar`` in DyNet, sized as ``examples.tagger``'s defaults."""
 
     def __init__(self, word_idx: dict[str, int], char_idx: dict[str, int], args: argparse.Namespace, lr: float):
-        import dynet_config
-
-        dynet_config.set(mem=DYNET_MEMORY_MB, autobatch=1, random_seed=1)
-        import dynet as dy
-
-        self.dy, self.word_idx, self.char_idx = dy, word_idx, char_idx
+        self.dy = dy = start_dynet()
+        self.word_idx, self.char_idx = word_idx, char_idx
         m = self.model = dy.ParameterCollection()
         self.words = m.add_lookup_parameters((len(word_idx), args.word_size))
         self.chars = m.add_lookup_parameters((len(char_idx) + 1, args.char_size))
@@ -92,51 +93,27 @@ class DynetTagger:
         return float(value)
 
 
-def fold_steps(examples: list, word_idx: dict, char_idx: dict, args: argparse.Namespace, batch_size: int,
-               lr: float) -> Any:
-    """A generator: each ``next`` trains fold on the next batch, reads its loss and returns it."""
+def fold_peer(examples: list, word_idx: dict, char_idx: dict, args: argparse.Namespace, batch_size: int,
+              lr: float) -> Steps:
+    """fold's steps (``against_dynet.fold_steps``) on the tagger, with DyNet's clipped SGD."""
     compiler = fd.Compiler.create(tagger.build_model(word_idx, char_idx, args))
-    params = compiler.init(jax.random.key(0))
     # DyNet's trainers rescale gradients whose global norm exceeds 5: without it, fold's SGD on the
     # summed loss diverged where DyNet's did not (the runs' mean losses differed 5-90x).
     optimizer = optax.chain(optax.clip_by_global_norm(DYNET_CLIP), optax.sgd(lr))
-    opt_state = optimizer.init(params)
-
-    @jax.jit
-    def step(params: Any, opt_state: Any, batch: fd.Batch) -> tuple[Any, Any, jax.Array]:
-        loss, grads = jax.value_and_grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum())(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    while True:
-        # DyNet's loop drops the last, partial batch too: it would compile once more inside the timing.
-        for batch in compiler.batches(examples, batch_size, drop_remainder=True):
-            params, opt_state, loss = step(params, opt_state, batch)
-            yield float(loss)
+    return fold_steps(compiler, compiler.init(jax.random.key(0)), optimizer, examples, batch_size)
 
 
 def dynet_steps(examples: list, word_idx: dict, char_idx: dict, args: argparse.Namespace, batch_size: int,
-                lr: float) -> Any:
-    """As ``fold_steps``, for DyNet."""
+                lr: float) -> Steps:
+    """DyNet's steps on the same batches."""
     model = DynetTagger(word_idx, char_idx, args, lr)
-    while True:
-        for i in range(0, len(examples) - batch_size + 1, batch_size):
-            yield model.step(examples[i:i + batch_size])
-
-
-def timed(steps: Any, n: int) -> tuple[float, list[float]]:
-    """Seconds for the next ``n`` steps of ``steps``, and their losses."""
-    start = time.perf_counter()
-    losses = [next(steps) for _ in range(n)]
-    return time.perf_counter() - start, losses
+    for batch in batches_of(examples, batch_size):
+        yield model.step(list(batch))
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[16, 64])
-    p.add_argument("--warmup", type=COUNT, default=20, help="batches run before timing (fold compiles there)")
-    p.add_argument("--batches", type=COUNT, default=40, help="batches timed per round")
-    p.add_argument("--rounds", type=COUNT, default=3, help="timed rounds, taking turns")
+    add_race_flags(p, [16, 64])
     add_run_flags(p, "dynet_tagger", "batch size 8, few batches, on the sample")
     args = p.parse_args(argv)
     if args.quick:
@@ -147,42 +124,12 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = tagger.parse_args(["--quick"] if args.quick else [])
     word_idx, char_idx = tagger.vocabularies(examples, sizes.min_count)
     lr = 0.01
-    runs = []
-    for batch_size in args.batch_sizes:
-        peers = {"fold": fold_steps(examples, word_idx, char_idx, sizes, batch_size, lr),
-                 "DyNet autobatch": dynet_steps(examples, word_idx, char_idx, sizes, batch_size, lr)}
-        for steps in peers.values():
-            timed(steps, args.warmup)
-        seconds: dict[str, list[float]] = {name: [] for name in peers}
-        losses: dict[str, list[float]] = {name: [] for name in peers}
-        for _ in range(args.rounds):
-            for name, steps in peers.items():
-                s, ls = timed(steps, args.batches)
-                seconds[name].append(s)
-                losses[name] += ls
-        rate = {name: args.batches * batch_size / statistics.median(s) for name, s in seconds.items()}
-        runs.append({"batch_size": batch_size, "sentences_per_s": rate,
-                     "fold_vs_dynet": rate["fold"] / rate["DyNet autobatch"], "seconds": seconds,
-                     "mean_loss": {name: statistics.mean(v) for name, v in losses.items()}})
-        print(f"batch {batch_size}: " + ", ".join(f"{n} {r:.0f} sentences/s" for n, r in rate.items())
-              + f" (fold x{runs[-1]['fold_vs_dynet']:.2f})", flush=True)
-    print_table("BiLSTM tagger with character LSTMs, training (sentences/s)",
-                ["batch", "fold", "DyNet autobatch", "fold / DyNet"],
-                [[r["batch_size"], f"{r['sentences_per_s']['fold']:.0f}",
-                  f"{r['sentences_per_s']['DyNet autobatch']:.0f}", f"{r['fold_vs_dynet']:.2f}"] for r in runs])
+    runs = [race({FOLD: fold_peer(examples, word_idx, char_idx, sizes, batch_size, lr),
+                  DYNET: dynet_steps(examples, word_idx, char_idx, sizes, batch_size, lr)}, batch_size, args)
+            for batch_size in args.batch_sizes]
+    plot = report("BiLSTM tagger with character LSTMs, training (sentences/s)", runs)
     result = {"runs": runs, "warmup": args.warmup, "batches": args.batches, "rounds": args.rounds,
               "sizes": {k: getattr(sizes, k) for k in ("word_size", "char_size", "hidden", "mlp_size", "min_count")}}
-
-    def plot(path: pathlib.Path) -> None:
-        with figure(path) as ax:
-            for name in ("fold", "DyNet autobatch"):
-                ax.plot([r["batch_size"] for r in runs], [r["sentences_per_s"][name] for r in runs], marker="o",
-                        label=name)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("batch size")
-            ax.set_ylabel("training sentences / s")
-            ax.legend()
-
     save_results("dynet_tagger", result, args, plot)
     return result
 

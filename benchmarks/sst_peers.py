@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.against_dynet import start_dynet
+
 CLASSES = 5
 FORGET_BIAS = 1.0
 DYNET_MEMORY_MB = 4096
@@ -172,14 +174,9 @@ class DynetAutobatch:
     global, so the first ``DynetAutobatch`` of a process sets it."""
 
     def __init__(self, params: dict[str, np.ndarray], word_idx: dict[str, int], lr: float = 0.05):
-        import dynet_config
-
         # Autobatching needs its memory pool allocated up front (it cannot grow): a batch of 256
         # SST trees at H 150 does not fit DyNet's default 512 MB.
-        dynet_config.set(mem=DYNET_MEMORY_MB, autobatch=1, random_seed=1)
-        import dynet as dy
-
-        self.dy = dy
+        self.dy = dy = start_dynet(DYNET_MEMORY_MB)
         self.word_idx = word_idx
         self.model = dy.ParameterCollection()
         self.embedding = self.model.lookup_parameters_from_numpy(params["embedding"])

@@ -12,6 +12,7 @@ COUNTS = {
     "backward": ["--sst-batches", "--tree-batches", "--hidden", "--weave-batches", "--weave-hidden", "--repeats"],
     "compile_count": ["--batch-size", "--chunk-size", "--models", "--examples"],
     "dynet_tagger": ["--batch-sizes", "--warmup", "--batches", "--rounds"],
+    "dynet_treenn": ["--batch-sizes", "--warmup", "--batches", "--rounds"],
     "executor": ["--chunk-sizes", "--sst-batch", "--tree-batch", "--hidden", "--weave-batch", "--weave-hidden",
                  "--repeats"],
     "fuzz": ["--cases", "--jobs"],
