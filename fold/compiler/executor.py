@@ -356,7 +356,9 @@ class Executor:
         loop item, and the loop no longer adds a whole parameter cotangent per item: for a
         chain's items of a few rows, that was most of their backward cost."""
         op = self.ops[layout.loop_ops[q]]
-        rows = layout.arena_rows[op.out_tidx[0]]  # op q's rows are among its first output's
+        # Op q's rows are among those of each output type that has rows (an output nobody reads has
+        # none, ``schedule._live_outputs``); if none has, no cotangent reaches the op at all.
+        rows = max(layout.arena_rows[t] for t in op.out_tidx)
         piece = min(rows, WEIGHT_PIECE)
         item, j, valid = _op_rows(arrays, q, len(item_sizes(layout.chunk)), rows)
         S = arrays.in_idx.shape[0]  # past every arena's rows: reads there give zeros

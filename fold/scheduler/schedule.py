@@ -191,14 +191,36 @@ def _tail(n_op: np.ndarray, producer: np.ndarray, consumer: np.ndarray, n_ops: i
     return np.where(ok[n_op], dist, -1)
 
 
-def _size_class(program: Program, rec: Recorded) -> int:
-    """``A = next_pow2(max(rows of the fullest type, nodes, metric entries))``: every value has
-    one row, so a type's rows are its constants plus one per output of that type of every call."""
+def _live_outputs(program: Program, rec: Recorded, roots: list[np.ndarray], every: bool = False) -> np.ndarray:
+    """``[operations, most outputs]``: whether anything in the batch reads a value of that output
+    of that operation (a call's input, a root or a metric entry); all True with ``every``.
+
+    An output nobody reads, such as the first ``h`` of a cell's ``(h, (c, h))`` that the model
+    takes apart with ``GetItem(1)``, gets no arena rows: its calls write it to the dump rows, so
+    a Tree-LSTM's state arena holds two rows per node instead of three, and its cotangent arena
+    the same."""
+    width = max(max((len(op.out_tidx) for op in program.ops), default=0), 1)
+    if every:
+        return np.ones((len(program.ops), width), bool)
+    read = np.zeros(len(rec.v_node), bool)
+    read[rec.n_inputs] = True
+    for ids in [*roots, *rec.metric_values.values()]:
+        read[np.asarray(ids, np.int64).ravel()] = True
+    out = np.flatnonzero(rec.v_node >= 0)
+    key = rec.n_op[rec.v_node[out]] * width + rec.v_pos[out]
+    live = np.bincount(key, weights=read[out], minlength=len(program.ops) * width) > 0
+    return live.reshape(len(program.ops), width)
+
+
+def _size_class(program: Program, rec: Recorded, live: np.ndarray) -> int:
+    """``A = next_pow2(max(rows of the fullest type, nodes, metric entries))``: every value that is
+    read has one row, so a type's rows are its constants plus one per ``live`` output of that
+    type of every call."""
     rows = np.array([len(filled) for _, filled in rec.consts], np.int64)
     calls = np.bincount(rec.n_op, minlength=len(program.ops))
-    for op, n in zip(program.ops, calls.tolist()):
-        for t in op.out_tidx:
-            rows[t] += n
+    for o, (op, n) in enumerate(zip(program.ops, calls.tolist())):
+        for j, t in enumerate(op.out_tidx):
+            rows[t] += n * bool(live[o, j])
     n_metric = max((len(v) for v in rec.metric_values.values()), default=0)
     return next_pow2(max(int(rows.max(initial=0)), len(rec.n_op), n_metric, MIN_ITEM))
 
@@ -287,9 +309,10 @@ def _in_loop(groups: _Groups) -> np.ndarray:
     return (groups.g_depth > 1) & (groups.g_depth <= groups.loop_depth)
 
 
-def _cut(program: Program, rec: Recorded, groups: _Groups, chunk: int) -> _Chunks:
-    """Chunks and their rows: constants first, then each chunk's outputs, output by output. A loop
-    item writes C rows per output, so its padded tail may only ever land on rows that are written
+def _cut(program: Program, rec: Recorded, groups: _Groups, chunk: int, live: np.ndarray) -> _Chunks:
+    """Chunks and their rows: constants first, then each chunk's ``live`` outputs, output by
+    output (an output nobody reads gets base row -1: no rows). A loop item writes C rows per
+    output, in the same order, so its padded tail may only ever land on rows that are written
     later: allocating per chunk (not per group) guarantees that even for ops with several
     outputs."""
     c_group, c_start, c_count = [], [], []
@@ -304,14 +327,19 @@ def _cut(program: Program, rec: Recorded, groups: _Groups, chunk: int) -> _Chunk
     max_out = max((len(op.out_tidx) for op in program.ops), default=0)
     c_base = np.zeros((len(c_group), max(max_out, 1)), np.int64)
     for c, (g, n) in enumerate(zip(c_group, c_count)):
-        for j, t in enumerate(program.ops[int(groups.g_op[g])].out_tidx):
+        o = int(groups.g_op[g])
+        for j, t in enumerate(program.ops[o].out_tidx):
+            if not live[o, j]:
+                c_base[c, j] = -1
+                continue
             c_base[c, j] = cursor[t]
             cursor[t] += n
     return _Chunks(c_group, c_start, c_count, c_base, cursor)
 
 
 def _value_rows(rec: Recorded, groups: _Groups, chunks: _Chunks) -> np.ndarray:
-    """The arena row of every value id: a constant's position, or its node's chunk's row."""
+    """The arena row of every value id: a constant's position, or its node's chunk's row
+    (meaningless for a value of an output without rows, which nothing reads)."""
     v_node, v_pos = rec.v_node, rec.v_pos
     v_row = np.where(v_node < 0, v_pos, 0)
     n_nodes = len(rec.n_op)
@@ -423,10 +451,12 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
         check_constants(program, rec)
     n_depth, loop_depth = _depths(program, rec)
     groups = _sort(rec.n_op, n_depth, loop_depth)
-    A = _size_class(program, rec)
+    # ``eval`` and ``check_numerics`` (``keep_host``) read back every value: all outputs keep rows.
+    live = _live_outputs(program, rec, roots, every=keep_host)
+    A = _size_class(program, rec, live)
     group_rows = groups.g_count[_in_loop(groups)]
     chunk = pick_chunk(group_rows, chunk_sizes, A, num_examples)
-    chunks = _cut(program, rec, groups, chunk)
+    chunks = _cut(program, rec, groups, chunk, live)
     # Each arena holds only its own type's rows, rounded up to a power of two:
     # a model's types fill very different numbers of rows.
     arena_rows = tuple(min(A, padded_rows(r)) for r in chunks.type_rows.tolist())
@@ -435,9 +465,11 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
     v_row = _value_rows(rec, groups, chunks)
 
     def out_starts(o: int, base_row: np.ndarray) -> np.ndarray:
-        row: np.ndarray = dump_row.copy()  # slots the op lacks write their (zero) chunk to the dump rows
+        # Slots the op lacks write their (zero) chunk to the dump rows, outputs without rows theirs.
+        row: np.ndarray = dump_row.copy()
         for j, slot in enumerate(program.ops[o].out_slots):
-            row[slot_of[slot]] = base_row[j]
+            if base_row[j] >= 0:
+                row[slot_of[slot]] = base_row[j]
         return row
 
     def whole_groups(chosen: list[int]) -> tuple[tuple[int, ...], GroupArrays]:

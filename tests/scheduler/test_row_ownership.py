@@ -25,16 +25,24 @@ PAD, INITIAL = -1, -2  # tags of rows holding padding, and of rows as initialise
 
 
 class _Arenas:
-    """Row tags per arena type; every real write is checked to be a row's only one."""
+    """Row tags per arena type; every real write is checked to be a row's only one. Rows past the
+    ``used`` rows of a type (its dump rows, and in a padded layout the rows the batch leaves
+    empty) take the writes of outputs that nothing reads, tagged as padding."""
 
-    def __init__(self, sizes: list[int]):
+    def __init__(self, sizes: list[int], used: tuple[int, ...]):
         self.tags = [np.full(n, INITIAL, np.int64) for n in sizes]
+        self.used = used
         self.written: list[set] = [set() for _ in sizes]
         self.reads: list[tuple] = []  # (type, row, tag it held when read)
 
-    def write(self, t: int, start: int, nodes: np.ndarray) -> None:
+    def write(self, t: int, start: int, nodes: np.ndarray, drop: bool = False) -> None:
+        """Rows from ``start`` on written with ``nodes``; with ``drop`` (the scatter of a whole
+        group), rows past the arena's end are dropped, else they are an error."""
         rows = start + np.arange(len(nodes))
+        if drop:
+            rows, nodes = rows[rows < len(self.tags[t])], nodes[rows < len(self.tags[t])]
         assert not len(rows) or rows[-1] < len(self.tags[t]), f"type {t}: write past the arena's end"
+        nodes = np.where(rows < self.used[t], nodes, PAD)
         real = rows[nodes >= 0].tolist()
         assert not self.written[t].intersection(real), f"type {t}: rows {real} written twice"
         self.written[t].update(real)
@@ -57,7 +65,8 @@ def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> int:
     arrays, layout = batch.arrays, batch.layout
     C, ops, slot = layout.chunk, compiler.program.ops, compiler.program.slot_index
     in_idx = np.asarray(arrays.in_idx)
-    arenas = _Arenas([layout.arena_rows[t] + C for t in range(len(compiler.program.types))])
+    arenas = _Arenas([layout.arena_rows[t] + C for t in range(len(compiler.program.types))],
+                     batch.built_stats().type_rows)
 
     def run_groups(which: str, group_ops: tuple) -> None:
         groups = getattr(arrays, which)
@@ -67,7 +76,7 @@ def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> int:
             for j, t in enumerate(ops[o].in_tidx):
                 arenas.read(t, in_idx[nodes, j])
             for t, k in ops[o].out_slots:
-                arenas.write(t, int(groups.out[h, slot[(t, k)]]), nodes)
+                arenas.write(t, int(groups.out[h, slot[(t, k)]]), nodes, drop=True)
 
     run_groups("hoist", layout.hoist_ops)
     sizes = item_sizes(C)

@@ -239,3 +239,46 @@ def test_bad_chunk_sizes_are_clear_errors():
     for bad in (100, 4, (), (128, 96), "128"):
         with pytest.raises(ValueError, match="chunk_size must be a power of two >= 8"):
             fd.Compiler.create(_tree_model(), chunk_size=bad)
+
+
+def _dead_output_model() -> fd.Block:
+    """Trees whose pairs compute ``(a + b, a * b)`` and keep only the sum: nothing reads the product."""
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((2,)))
+    pair = fd.Record((decl(), decl())) >> fd.Layer.from_pure(
+        lambda key, t: {"w": jnp.array([1.5, -0.5])}, lambda p, a, b: (p["w"] * (a + b), a * b), name="pair") \
+        >> fd.GetItem(0)
+    leaf = fd.Scalar() >> fd.Function(lambda x: jnp.stack([x, jnp.sin(x)], -1))
+    decl.resolve_to(fd.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: pair}))
+    return decl()
+
+
+def test_outputs_nothing_reads_get_no_rows_and_results_stay_exact():
+    compiler = fd.Compiler.create(_dead_output_model(), chunk_size=8)
+    rng = random.Random(4)
+    examples = [random_tree(rng, rng.randint(1, 25), lambda r: r.random()) for _ in range(10)]
+    n_leaves = sum(len(jax.tree_util.tree_leaves(t)) for t in examples)
+    batch = compiler.build_batch(examples, exact_layout=True)
+    vector = compiler.program.type_index[fd.TensorType((2,))]
+    # One row per leaf and per pair's sum; the products write to the dump rows.
+    assert batch.stats.type_rows[vector] == n_leaves + (n_leaves - len(examples))
+    params = compiler.init(jax.random.key(0))
+
+    def reference(p, t):
+        if not isinstance(t, tuple):
+            return jnp.array([t, np.sin(t)], jnp.float32)
+        return p["pair"]["w"] * (reference(p, t[0]) + reference(p, t[1]))
+
+    def loss(p):
+        return jnp.sum(compiler.apply(p, batch).outputs ** 2)
+
+    def reference_loss(p):
+        return sum(jnp.sum(reference(p, t) ** 2) for t in examples)
+
+    np.testing.assert_allclose(np.asarray(compiler.apply(params, batch).outputs),
+                               np.stack([reference(params, t) for t in examples]), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(loss)(params)["pair"]["w"], jax.grad(reference_loss)(params)["pair"]["w"],
+                               rtol=1e-4)
+    # ``eval`` reads every value back, so its batches keep rows for all outputs.
+    _, kept = _build(compiler, examples, 8)
+    assert kept.stats.type_rows[vector] == n_leaves + 2 * (n_leaves - len(examples))
+    np.testing.assert_allclose(compiler.eval_one(examples[0], params), reference(params, examples[0]), rtol=1e-5)
