@@ -46,7 +46,7 @@ from typing import TypeAlias
 import numpy as np
 
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, MetricArrays
-from fold.scheduler.schedule import TINY_BATCH, item_sizes, next_pow2, padded_rows, piece_rows
+from fold.scheduler.schedule import TINY_BATCH, arena_rows_for, item_sizes, next_pow2, padded_rows, piece_rows
 
 __all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "PLAN_AHEAD", "SAVED_SHARE", "SPREAD", "LayoutPolicy", "computed_rows",
            "empty", "fits", "join", "pad_to", "sample_ahead", "saved_floor"]
@@ -324,15 +324,16 @@ class LayoutPolicy:
             stats = [b.built_stats() for b in members]
             A = max(joined.size_class, next_pow2(_bound([max(s.rows, s.num_nodes) for s in stats])))
 
-            def bounded(have: Ints, needs: Sequence[Sequence[int] | np.ndarray], keep_zeros: bool = False) -> Ints:
-                rows = [padded_rows(_bound(n)) if n.any() or not keep_zeros else 0
+            def bounded(have: Ints, needs: Sequence[Sequence[int] | np.ndarray], keep_zeros: bool = False,
+                        rounded: Callable[[int], int] = padded_rows) -> Ints:
+                rows = [rounded(_bound(n)) if n.any() or not keep_zeros else 0
                         for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
                 return tuple(max(h, min(A, r)) for h, r in zip(have, rows))
 
             saved = [[_saved_of(b.layout).get(o, 0) for o in joined.loop_ops] for b in members]
             layout = joined._replace(
                 size_class=A,
-                arena_rows=bounded(joined.arena_rows, [s.type_rows for s in stats]),
+                arena_rows=bounded(joined.arena_rows, [s.type_rows for s in stats], rounded=arena_rows_for),
                 hoist_sizes=bounded(joined.hoist_sizes, [_group_rows(b.arrays.hoist, b.layout.hoist_ops,
                                                                      b.layout.hoist_sizes, joined.hoist_ops,
                                                                      joined.hoist_sizes) for b in members]),

@@ -17,6 +17,7 @@ from fold.scheduler.schedule import (
     SMALL_CHUNK,
     TINY_BATCH,
     TINY_SIZE_CLASS,
+    arena_rows_for,
     item_sizes,
     next_pow2,
     pick_chunk,
@@ -94,11 +95,12 @@ def test_each_arena_has_its_own_types_rows_rounded_up():
     batch = compiler.build_batch(examples, exact_layout=True)
     scalar, vector = (compiler.program.type_index[fd.TensorType(s)] for s in ((), (2,)))
     rows = batch.layout.arena_rows
-    assert batch.stats.type_rows[scalar] == 4 * 40 + 1 and rows[scalar] == 256
-    assert batch.stats.type_rows[vector] == 4 * 79 and rows[vector] == 512 == batch.layout.size_class
+    # Rows round up to a multiple of an eighth of the next power of two: 161 of 256 to 192.
+    assert batch.stats.type_rows[scalar] == 4 * 40 + 1 and rows[scalar] == 192
+    assert batch.stats.type_rows[vector] == 4 * 79 and rows[vector] == 320 and batch.layout.size_class == 512
     assert batch.layout.hoist_sizes == (256,)  # the 160 leaf calls, padded
     arenas = compiler._arenas_jit(compiler.init(jax.random.key(0)), batch)
-    assert {t: a.shape[0] for t, a in arenas.items()} == {scalar: 256 + 8, vector: 512 + 8}
+    assert {t: a.shape[0] for t, a in arenas.items()} == {scalar: 192 + 8, vector: 320 + 8}
     # Values against an unbatched evaluation of each tree.
     params = compiler.init(jax.random.key(0))
 
@@ -282,3 +284,10 @@ def test_outputs_nothing_reads_get_no_rows_and_results_stay_exact():
     _, kept = _build(compiler, examples, 8)
     assert kept.stats.type_rows[vector] == n_leaves + 2 * (n_leaves - len(examples))
     np.testing.assert_allclose(compiler.eval_one(examples[0], params), reference(params, examples[0]), rtol=1e-5)
+
+
+def test_arena_rows_round_up_to_an_eighth_of_the_next_power_of_two():
+    assert [arena_rows_for(n) for n in (0, 1, 8, 9, 64, 65, 100, 161, 256, 257, 19_300, 32_768)] == [
+        8, 8, 8, 16, 64, 80, 112, 192, 256, 320, 20_480, 32_768]
+    for n in range(1, 5000, 7):  # never fewer rows than used, nor (above 8) a quarter more
+        assert n <= arena_rows_for(n) <= max(8, n * 5 // 4)
