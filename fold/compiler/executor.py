@@ -33,7 +33,7 @@ See ``docs/design.md``. In short:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,13 +73,27 @@ _Residual = tuple[Params, tuple[Arenas, Arenas], BatchArrays, "jax.Array | None"
 """What the backward pass keeps: the parameters, the final arenas, the arrays, the key, saved leaves."""
 
 
-class _GroupAux(TypedDict):
-    """A hoisted or tail group's index arrays and key, as one pytree."""
+class _Rows(NamedTuple):
+    """Rows of one operation run whole (a hoisted or tail group, or the weight pass's rows of a
+    loop operation), or one piece of them (``piece``): index arrays and key."""
 
     idx: jax.Array          # input rows, per row and input
     valid: jax.Array        # which rows are real
     dest: list[jax.Array]   # per output, the rows it writes (padded rows out of bounds)
-    rng: jax.Array | None   # the group's key
+    rng: jax.Array | None   # the key (of the whole; a piece's is folded from it)
+
+    def pieces(self, piece: int) -> jax.Array:
+        """How many pieces of ``piece`` rows hold the real rows."""
+        return (jnp.sum(self.valid, dtype=jnp.int32) + piece - 1) // piece
+
+    def piece(self, piece: int, k: jax.Array) -> _Rows:
+        """Piece ``k``: ``piece`` rows from row ``k * piece``, drawing with ``fold_in(rng, k)``."""
+
+        def at(a: jax.Array) -> jax.Array:
+            return lax.dynamic_slice_in_dim(a, k * piece, piece)
+
+        rng = None if self.rng is None else jax.random.fold_in(self.rng, k)
+        return _Rows(at(self.idx), at(self.valid), [at(d) for d in self.dest], rng)
 
 # Index literals must match the int32 index arrays, also when x64 is on.
 _I0 = np.int32(0)
@@ -234,11 +248,10 @@ class Executor:
     # ------------------------------------------------------- whole groups
     def _groups(self, arrays: BatchArrays, key: jax.Array | None, which: str, ops: tuple[int, ...], sizes: tuple[int,
                 ...],
-                chunk: int, stream: int) -> list[tuple[CompiledOp, int, _GroupAux]]:
-        """Per hoisted (``which="hoist"``) or tail group, in order: ``(op, piece, aux)``, ``piece``
-        its rows per loop iteration and ``aux`` its input rows ``idx``, ``valid`` rows,
-        destination rows ``dest`` (one array per output; padded rows get an out-of-bounds row, so
-        their writes are dropped) and key ``rng``."""
+                chunk: int, stream: int) -> list[tuple[CompiledOp, int, _Rows]]:
+        """Per hoisted (``which="hoist"``) or tail group, in order: ``(op, piece, rows)``, ``piece``
+        its rows per loop iteration and ``rows`` its rows (padded rows get an out-of-bounds
+        destination, so their writes are dropped)."""
         in_idx, groups = arrays.in_idx, getattr(arrays, which)
         S = in_idx.shape[0]
         out = []
@@ -249,25 +262,23 @@ class Executor:
             idx = in_idx[jnp.minimum(groups.node[h] + rows, S - 1)][:, : len(op.in_tidx)]
             idx = jnp.where(valid[:, None], idx, idx[:1])
             dest = [jnp.where(valid, groups.out[h, self.program.slot_index[slot]] + rows, S) for slot in op.out_slots]
-            aux: _GroupAux = {"idx": idx, "valid": valid, "dest": dest, "rng": _fold(key, stream, h)}
-            out.append((op, piece_rows(size, chunk), aux))
+            out.append((op, piece_rows(size, chunk), _Rows(idx, valid, dest, _fold(key, stream, h))))
         return out
 
-    def _group_forward(self, op: CompiledOp, piece: int, p: PyTree, arenas: Arenas, aux: _GroupAux) -> Arenas:
+    def _group_forward(self, op: CompiledOp, piece: int, p: PyTree, arenas: Arenas, rows: _Rows) -> Arenas:
         """``arenas`` after running a whole group, ``piece`` rows per iteration of a loop whose
-        carry holds only the arenas the group writes. Piece ``k`` draws with
-        ``fold_in(aux["rng"], k)``."""
+        carry holds only the arenas the group writes."""
 
         def body(k: jax.Array, written: Arenas) -> Arenas:
-            idx, valid, dest, rng = _piece(aux, piece, k)
-            ys = _check(op, op.spec.fn(p, rng, *_gather_rows(op, {**arenas, **written}, idx)))
-            return _write_rows(written, op, ys, valid, dest)
+            r = rows.piece(piece, k)
+            ys = _check(op, op.spec.fn(p, r.rng, *_gather_rows(op, {**arenas, **written}, r.idx)))
+            return _write_rows(written, op, ys, r.valid, r.dest)
 
         written = {t: arenas[t] for t in set(op.out_tidx)}
-        return {**arenas, **lax.fori_loop(0, _pieces(aux, piece), body, written)}
+        return {**arenas, **lax.fori_loop(0, rows.pieces(piece), body, written)}
 
     def _group_backward(self, op: CompiledOp, piece: int, p: PyTree, arenas: Arenas, ct: Arenas,
-                        aux: _GroupAux) -> tuple[Arenas, PyTree]:
+                        rows: _Rows) -> tuple[Arenas, PyTree]:
         """The group's backward pass, ``piece`` rows at a time: recompute the piece's forward
         (same keys) for its ``vjp`` from the final ``arenas``, read its output cotangents from the
         cotangent arenas ``ct`` and scatter-add its input cotangents into them in place. Returns
@@ -276,16 +287,16 @@ class Executor:
 
         def body(k: jax.Array, carry: tuple[Arenas, PyTree]) -> tuple[Arenas, PyTree]:
             ct, p_acc = dict(carry[0]), carry[1]
-            idx, valid, dests, rng = _piece(aux, piece, k)
-            _, vjp, diff = self._vjp(op, p, rng, _gather_rows(op, arenas, idx), self.float_types, False)
-            p_ct, *x_cts = vjp(self._out_cts(op, ct, valid, dests))
+            r = rows.piece(piece, k)
+            _, vjp, diff = self._vjp(op, p, r.rng, _gather_rows(op, arenas, r.idx), self.float_types, False)
+            p_ct, *x_cts = vjp(self._out_cts(op, ct, r.valid, r.dest))
             for i, x_ct in zip(diff, x_cts):
                 t = op.in_tidx[i]
-                rows = jnp.where(valid, idx[:, i], ct[t].shape[0])  # out of bounds: dropped
-                ct[t] = ct[t].at[rows].add(_masked(valid, x_ct), mode="drop")
+                to = jnp.where(r.valid, r.idx[:, i], ct[t].shape[0])  # out of bounds: dropped
+                ct[t] = ct[t].at[to].add(_masked(r.valid, x_ct), mode="drop")
             return ct, jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
 
-        out: tuple[Arenas, PyTree] = lax.fori_loop(0, _pieces(aux, piece), body,
+        out: tuple[Arenas, PyTree] = lax.fori_loop(0, rows.pieces(piece), body,
                                                    (ct, jax.tree_util.tree_map(jnp.zeros_like, p)))
         return out
 
@@ -363,24 +374,23 @@ class Executor:
         item, j, valid = _op_rows(arrays, q, len(item_sizes(layout.chunk)), rows)
         S = arrays.in_idx.shape[0]  # past every arena's rows: reads there give zeros
         idx = arrays.in_idx[arrays.items_node[item] + j][:, :len(op.in_tidx)]
-        aux: _GroupAux = {
-            "idx": jnp.where(valid[:, None], idx, idx[:1]), "valid": valid,
-            "dest": [jnp.where(valid, arrays.items_out[item, self.program.slot_index[slot]] + j, S)
-                     for slot in op.out_slots],
-            "rng": _fold(key, _LOOP_STREAM, 0)}  # read by nothing (``_weights_after``)
+        op_rows = _Rows(jnp.where(valid[:, None], idx, idx[:1]), valid,
+                        [jnp.where(valid, arrays.items_out[item, self.program.slot_index[slot]] + j, S)
+                         for slot in op.out_slots],
+                        _fold(key, _LOOP_STREAM, 0))  # a key read by nothing (``_weights_after``)
         saved_rows = [buffers.first_rows[b][q] + arrays.items_saved[item] + j for b in buffers.of_leaves.get(q, [])]
         p = self._params_for(op, lparams)
 
         def body(k: jax.Array, acc: PyTree) -> PyTree:
-            idx, valid, dests, rng = _piece(aux, piece, k)
-            _, vjp, _ = self._vjp(op, p, rng, _gather_rows(op, arenas, idx), self.float_types, q in plans)
+            r = op_rows.piece(piece, k)
+            _, vjp, _ = self._vjp(op, p, r.rng, _gather_rows(op, arenas, r.idx), self.float_types, q in plans)
             if q in plans:
-                rows = [saved[b][lax.dynamic_slice_in_dim(r, k * piece, piece)]
-                        for b, r in zip(buffers.of_leaves[q], saved_rows)]
-                vjp = _with_saved(vjp, plans[q], rows, valid)
-            return jax.tree_util.tree_map(jnp.add, acc, vjp(self._out_cts(op, ct, valid, dests))[0])
+                kept = [saved[b][lax.dynamic_slice_in_dim(s, k * piece, piece)]
+                        for b, s in zip(buffers.of_leaves[q], saved_rows)]
+                vjp = _with_saved(vjp, plans[q], kept, r.valid)
+            return jax.tree_util.tree_map(jnp.add, acc, vjp(self._out_cts(op, ct, r.valid, r.dest))[0])
 
-        out: PyTree = lax.fori_loop(0, _pieces(aux, piece), body, jax.tree_util.tree_map(jnp.zeros_like, p))
+        out: PyTree = lax.fori_loop(0, op_rows.pieces(piece), body, jax.tree_util.tree_map(jnp.zeros_like, p))
         return out
 
     def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers,
@@ -564,14 +574,14 @@ class Executor:
 
         def forward(params: Params, arenas: Arenas, arrays: BatchArrays, key: jax.Array | None,
                     plans: dict[int, _Plan]) -> tuple[tuple[Arenas, Arenas], list[jax.Array]]:
-            for op, piece, aux in self._groups(arrays, key, *hoist):
-                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
+            for op, piece, rows in self._groups(arrays, key, *hoist):
+                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, rows)
             saved: list[jax.Array] = []
             if layout.loop_ops:
                 lparams = {name: params[name] for name in loop_names}
                 arenas, saved = self._forward_loop(lparams, arenas, arrays, layout, key, plans)
-            for op, piece, aux in self._groups(arrays, key, *tail):
-                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, aux)
+            for op, piece, rows in self._groups(arrays, key, *tail):
+                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, rows)
             return split(arenas), saved
 
         def plans_for(params: Params, key: jax.Array | None) -> dict[int, _Plan]:
@@ -597,8 +607,8 @@ class Executor:
                 p_ct[name] = jax.tree_util.tree_map(jnp.add, p_ct[name], g)
 
             def groups_backward(which: _Stage, ct: Arenas) -> Arenas:
-                for op, piece, aux in reversed(self._groups(arrays, key, *which)):
-                    ct, g = self._group_backward(op, piece, self._params_for(op, params), arenas, ct, aux)
+                for op, piece, rows in reversed(self._groups(arrays, key, *which)):
+                    ct, g = self._group_backward(op, piece, self._params_for(op, params), arenas, ct, rows)
                     if op.layer is not None:
                         add(op.layer.name, g)
                 return ct
@@ -700,21 +710,6 @@ def _with_saved(vjp: _Vjp, plan: _Plan, rows: list[jax.Array], valid: jax.Array)
             leaves[j] = _masked(valid, r, r[:1])
     out: _Vjp = jax.tree_util.tree_unflatten(tree, leaves)
     return out
-
-
-def _pieces(aux: _GroupAux, piece: int) -> jax.Array:
-    """How many pieces of ``piece`` rows hold a group's real rows."""
-    return (jnp.sum(aux["valid"], dtype=jnp.int32) + piece - 1) // piece
-
-
-def _piece(aux: _GroupAux, piece: int, k: jax.Array) -> tuple[jax.Array, jax.Array, list[jax.Array], jax.Array | None]:
-    """Piece ``k`` of a group: its input rows, valid mask, destination rows (per output) and key."""
-
-    def at(a: jax.Array) -> jax.Array:
-        return lax.dynamic_slice_in_dim(a, k * piece, piece)
-
-    rng = None if aux["rng"] is None else jax.random.fold_in(aux["rng"], k)
-    return at(aux["idx"]), at(aux["valid"]), [at(d) for d in aux["dest"]], rng
 
 
 def _gather_rows(op: CompiledOp, arenas: Arenas, idx: jax.Array) -> list[jax.Array]:
