@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import jax
 import optax
 
 import fold as fd
-from benchmarks.common import figure
+from benchmarks.common import figure, make_train_step
 from examples.common import COUNT, print_table
 
 Steps = Iterator[float]
@@ -64,18 +63,11 @@ def fold_steps(compiler: fd.Compiler, params: Any, optimizer: optax.GradientTran
                examples: Sequence[Any], batch_size: int) -> Steps:
     """fold as a peer: each ``next`` runs one jitted ``optimizer`` step on the summed ``loss`` metric
     of the next batch of ``compiler.batches`` (built ahead on a thread) and reads the loss."""
-    opt_state = optimizer.init(params)
-
-    @jax.jit
-    def step(params: Any, opt_state: Any, batch: fd.Batch) -> tuple[Any, Any, jax.Array]:
-        loss, grads = jax.value_and_grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum())(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
+    step, opt_state = make_train_step(compiler, optimizer, total=True), optimizer.init(params)
     while True:
         # DyNet's loops drop the last, partial batch too: it would compile once more inside the timing.
         for batch in compiler.batches(examples, batch_size, drop_remainder=True):
-            params, opt_state, loss = step(params, opt_state, batch)
+            params, opt_state, loss = step(params, opt_state, batch, None)
             yield float(loss)
 
 

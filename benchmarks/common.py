@@ -22,15 +22,17 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformation,
-                    metric: str = "loss") -> Callable:
-    """A jitted optimizer step on the mean of ``metric`` over a batch: ``step(params, opt_state, batch,
-    key) -> (params, opt_state, loss)``, ``key`` switching stochastic layers on. The step
-    ``fd.Trainer`` runs, bare, so that benchmarks time exactly the device work."""
+                    metric: str = "loss", total: bool = False) -> Callable:
+    """A jitted optimizer step on the mean of ``metric`` over a batch (its sum with ``total``, as
+    DyNet's scripts train): ``step(params, opt_state, batch, key) -> (params, opt_state, loss)``,
+    ``key`` switching stochastic layers on. The step ``fd.Trainer`` runs, bare, so that
+    benchmarks time exactly the device work."""
 
     @jax.jit
     def train_step(params, opt_state, batch, key):
         def loss_fn(p):
-            return compiler.apply(p, batch, key).metrics[metric].mean()
+            values = compiler.apply(p, batch, key).metrics[metric]
+            return values.sum() if total else values.mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
