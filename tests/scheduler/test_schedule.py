@@ -113,14 +113,14 @@ def test_each_arena_has_its_own_types_rows_rounded_up():
 
 def test_batch_stats_count_nodes_items_depth_and_rows():
     compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum())
-    batch = compiler.build_batch([list(range(16))])
-    # 16 doubles (depth 1, hoisted), then a balanced sum of 16: adds at depths 2 to 5, one item each
-    # (the adds at depths 3 to 5 are within TAIL_DEPTH of the result, but those at depth 2 are not).
-    assert batch.stats == fd.BatchStats(num_nodes=31, num_items=4, max_depth=5, rows=16 + 16 + 15,
-                                        type_rows=(16 + 16 + 15,), saved_rows=(4 * 8,),  # 4 items of 8 rows
-                                        group_rows=(8, 4, 2, 1))  # the adds, a depth each
+    batch = compiler.build_batch([list(range(32))])
+    # 32 doubles (depth 1, hoisted), then a balanced sum of 32: adds at depths 2 to 6, one item each
+    # (the adds at depths 4 to 6 are within TAIL_DEPTH of the result, but those at depth 2 are not).
+    assert batch.stats == fd.BatchStats(num_nodes=63, num_items=5, max_depth=6, rows=32 + 32 + 31,
+                                        type_rows=(32 + 32 + 31,), saved_rows=(16 + 4 * 8,),  # items of 16, 8, 8, 8, 8
+                                        group_rows=(16, 8, 4, 2, 1))  # the adds, a depth each
     assert batch.layout.tail_ops == ()
-    assert "nodes=31" in repr(batch)
+    assert "nodes=63" in repr(batch)
     assert jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(batch))).stats is None
 
 
@@ -141,6 +141,55 @@ def test_operations_near_the_results_run_after_the_loop():
     assert batch.layout.tail_sizes == (8,) * 5
     out = jax.jit(compiler.apply)(compiler.init(jax.random.key(0)), batch).outputs
     np.testing.assert_allclose(out, [2 * sum(e) for e in examples])
+
+
+def test_a_birnn_readout_of_concatenation_layers_and_loss_runs_after_the_loop():
+    # A word's forward and backward states are ready at different depths, so its concatenation
+    # would take a loop item at nearly every depth; it is three calls from the loss (concatenation,
+    # two layers, loss), within TAIL_DEPTH, so it runs after the loop with the readout.
+    def cell():
+        return fd.Function(lambda x, h: (jnp.tanh(x + 0.5 * h),) * 2)
+
+    forward = fd.RNN(cell(), initial_state=fd.Zeros((2,))) >> fd.GetItem(0)
+    backward = fd.Slice(step=-1) >> fd.RNN(cell(), initial_state=fd.Zeros((2,))) >> fd.GetItem(0) >> fd.Slice(step=-1)
+    concat = fd.Concat()
+    readout = fd.FC(3, activation=jnp.tanh, name="hidden") >> fd.FC(1, activation=None, name="out")
+    loss = fd.Function(lambda z: jnp.sum(z ** 2, -1))
+    words = fd.Map(fd.Vector(2)) >> fd.AllOf(forward, backward) >> fd.ZipWith(concat)
+    # Separate Maps, as a tagger's readout and its loss over (tag, logits) are: no fusion between them.
+    compiler = fd.Compiler.create(words >> fd.Map(readout) >> fd.Map(loss >> fd.Metric("loss")) >> fd.Void())
+    rng = np.random.default_rng(0)
+    examples = [rng.normal(size=(n, 2)).astype(np.float32) for n in (5, 3, 7, 1)]
+    batch = compiler.build_batch([e.tolist() for e in examples])
+    assert compiler.program.block_ops[concat] in batch.layout.tail_ops
+    # The cells alone: per direction, every depth of the longest sentence but its first.
+    assert batch.stats.num_items == 2 * 6
+    params = compiler.init(jax.random.key(0))
+
+    def reference(p, e):
+        def run(xs):
+            h, out = jnp.zeros(2), []
+            for x in xs:
+                h = jnp.tanh(x + 0.5 * h)
+                out.append(h)
+            return out
+        total = 0.0
+        for f, b in zip(run(e), run(e[::-1])[::-1]):
+            z = jnp.tanh(jnp.concatenate([f, b]) @ p["hidden"]["w"] + p["hidden"]["b"])
+            total += jnp.sum((z @ p["out"]["w"] + p["out"]["b"]) ** 2)
+        return total
+
+    def loss_of(p):
+        return compiler.apply(p, batch).metrics["loss"].sum()
+
+    def reference_loss(p):
+        return sum(reference(p, e) for e in examples)
+
+    np.testing.assert_allclose(loss_of(params), reference_loss(params), rtol=1e-5)
+    got, want = jax.jit(jax.grad(loss_of))(params), jax.grad(reference_loss)(params)
+    for name in ("hidden", "out"):
+        for k in ("w", "b"):
+            np.testing.assert_allclose(got[name][k], want[name][k], rtol=1e-4, atol=1e-6)
 
 
 def test_an_operation_consumed_inside_the_loop_stays_in_it():
