@@ -51,8 +51,9 @@ class OneOf(Block):
         else:
             raise TypeError(f"OneOf key_fn must be a callable or a block, got {key_fn!r}")
         self.pre_block = None if pre_block is None else self._adopt(pre_block)
-        self._cases = {k: self._adopt(b) for k, b in cases}
-        self._case_list = [b for _, b in cases]
+        adopted = [(k, self._adopt(b)) for k, b in cases]  # a layer or function case becomes a block
+        self._cases = dict(adopted)
+        self._case_list = [b for _, b in adopted]
 
     def children(self) -> list[Block]:
         extra = [b for b in (self.key_block, self.pre_block) if b is not None]

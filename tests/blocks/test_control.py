@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,6 +24,18 @@ def test_one_of_with_sequence_cases_and_negative_index():
     assert float(block.eval({"i": -1})) == 2.0
     with pytest.raises(KeyError):
         block.eval({"i": 3})
+
+
+def test_one_of_cases_may_be_layers():
+    # Cases are block-likes: a layer case is wrapped in a Function (it crashed before).
+    double = fd.FC(2, activation=None, name="double")
+    compiler = fd.Compiler.create(fd.OneOf(lambda x: x[0], [double, fd.Function(jnp.negative)],
+                                           pre_block=fd.GetItem(1) >> fd.Vector(2)))
+    assert compiler.program.root.output_type == fd.TensorType((2,))
+    params = compiler.init(jax.random.key(0))
+    out = compiler.apply(params, compiler.build_batch([(0, [1.0, 2.0]), (1, [1.0, 2.0])])).outputs
+    w, b = params["double"]["w"], params["double"]["b"]
+    np.testing.assert_allclose(out, [np.array([1.0, 2.0]) @ w + b, [-1.0, -2.0]], rtol=1e-6)
 
 
 def test_one_of_pre_block():
