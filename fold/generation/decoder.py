@@ -1,0 +1,80 @@
+"""What the generation blocks share: the ``Decoder`` contract, decisions and their log-probabilities.
+
+A decoder is a block with two uses. In a model it scores a known structure (teacher forcing):
+its input is ``(start state, structure)`` and its output one log-probability per decision.
+``fd.Generator`` runs the same blocks on the device, where the decoder decides the structure
+itself (``decode``): its parts become functions of batched arrays (``device_parts``, made by
+``fold/generation/device.py``), and one ``lax.while_loop`` decides for every example at once.
+
+Decisions are greedy (``argmax``) without a key. With one, decision ``d`` (0, 1, ...) of node
+or step ``n`` of example ``b`` draws from ``categorical(fold_in(fold_in(fold_in(key, b), n), d),
+logits)``: what an example generates does not depend on the batch around it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fold.blocks.base import Block
+from fold.blocks.types import TupleType, Type
+from fold.generation.device import DeviceFunction
+from fold.typing import Params, PyTree
+
+__all__ = ["Decoder", "choose", "positive", "token_log_prob"]
+
+
+def token_log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
+    """Per row, ``log_softmax(logits)[token]``; NaN for a token outside the logits (never a
+    silently clamped index)."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, token[..., None].astype(jnp.int32), axis=-1, mode="fill",
+                                 fill_value=jnp.nan)
+    return picked[..., 0]
+
+
+def choose(logits: jax.Array, key: jax.Array | None, example: jax.Array, node: jax.Array, decision: int) -> jax.Array:
+    """Per row, the chosen index of ``logits``: its argmax without ``key``, else drawn with the
+    key of (``example``, ``node``, ``decision``) (see the module docstring)."""
+    if key is None:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def draw(b: jax.Array, n: jax.Array, row: jax.Array) -> jax.Array:
+        k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, b), n), decision)
+        return jax.random.categorical(k, row)
+
+    return jax.vmap(draw)(example, node, logits).astype(jnp.int32)
+
+
+def positive(owner: str, what: str, n: object) -> int:
+    """``n``, checked to be a positive int."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{owner}: {what} must be a positive int, got {n!r}")
+    return n
+
+
+class Decoder(Block):
+    """A generation block: ``(start state, structure) -> log-probabilities`` in a model, decided on
+    the device by ``fd.Generator`` (see the module docstring)."""
+
+    @property
+    def state_type(self) -> Type | None:
+        """The start state's type, once known."""
+        t = self.input_type
+        return t[0] if isinstance(t, TupleType) else None
+
+    def set_state_type(self, state: Type) -> None:
+        """Sets the input type from the start state's type ``state`` (``fd.Generator`` does, from
+        ``state_type=`` or the first start states it gets)."""
+        raise NotImplementedError
+
+    def device_parts(self) -> dict[str, tuple[Block, Type]]:
+        """The blocks ``decode`` runs, by name, each with its input type (the state type known)."""
+        raise NotImplementedError
+
+    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree, key: jax.Array | None) -> Any:
+        """Generates from ``start`` (one row per example) with ``fns``, ``device_parts`` as
+        functions of batched arrays: pure and jittable."""
+        raise NotImplementedError

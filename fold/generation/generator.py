@@ -1,0 +1,119 @@
+"""``Generator``: runs a decoder (``SequenceDecoder``, ``TreeDecoder``) on the device.
+
+The decoder's parts become functions of batched arrays (``fold/generation/device.py``); its
+``decode`` then decides every example's structure together in one ``lax.while_loop``, with no
+host round trip per token or node: it runs under ``jit`` on CPU, GPU and TPU alike.
+``generate`` pads the rows to a power of two (at least ``MIN_ROWS``) before the jitted loop, so a
+stream of batches of any sizes compiles once per power of two.
+
+Examples:
+    >>> import fold as fd, jax, jax.numpy as jnp
+    >>> emb = fd.Embedding(5, 4, name="emb")
+    >>> step = fd.Record((fd.Identity(), emb)) >> fd.Function(lambda s, e: jnp.tanh(s + e))
+    >>> decoder = fd.SequenceDecoder(step, fd.FC(5, activation=None, name="out"), end_token=0, max_length=6)
+    >>> generator = fd.Generator(decoder, state_type=fd.TensorType((4,)))
+    >>> params = generator.init(jax.random.key(0))
+    >>> out = generator.generate(params, jnp.ones((3, 4)), key=jax.random.key(1))
+    >>> out.tokens.shape, len(out.sequences())
+    ((3, 6), 3)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fold.blocks.types import TensorType, TupleType, Type, TypeLike, convert_to_type
+from fold.compiler.params import LayerParams, is_key
+from fold.generation.decoder import Decoder
+from fold.generation.device import DeviceFunction, device_function, device_layers
+from fold.scheduler.schedule import next_pow2
+from fold.typing import Params, PyTree
+
+__all__ = ["Generator", "MIN_ROWS"]
+
+# The fewest rows a generation runs: smaller batches pad to it, so batches of 1 to 8 share a compilation.
+MIN_ROWS = 8
+
+
+def _type_of(start: PyTree) -> Type:
+    """The fold type of one row of ``start`` (arrays with a leading row axis, tuples of them)."""
+    if isinstance(start, (tuple, list)):
+        return TupleType(*[_type_of(s) for s in start])
+    a = start if hasattr(start, "shape") else jnp.asarray(start)
+    if a.ndim == 0:
+        raise TypeError("a start state must have a leading axis of rows (one per example), got a scalar")
+    return TensorType(a.shape[1:], a.dtype)
+
+
+class Generator:
+    """Generates with ``decoder`` on the device (see the module docstring).
+
+    Args:
+      decoder: a ``fd.SequenceDecoder`` or ``fd.TreeDecoder``. It may also be part of a compiled
+        model: both use one set of parameters (keyed by layer name).
+      state_type: the start state's type, where nothing else sets it (a compiled model using
+        ``decoder`` does; else the first start states given do).
+    """
+
+    def __init__(self, decoder: Decoder, state_type: TypeLike | None = None):
+        if not isinstance(decoder, Decoder):
+            raise TypeError(f"Generator needs a fd.SequenceDecoder or fd.TreeDecoder, got {decoder!r}")
+        self.decoder = decoder
+        if state_type is not None:
+            self._set_state_type(convert_to_type(state_type))
+        if decoder.state_type is not None:
+            self._functions()  # errors in the blocks surface here, not at the first generate
+        self._generate = jax.jit(self.apply)
+
+    def _set_state_type(self, state: Type) -> None:
+        d = self.decoder
+        if d.state_type is None:
+            d.set_state_type(state)
+        elif d.state_type != state:
+            raise TypeError(f"Generator: start states of type {state} given to {d!r}, whose start state is "
+                            f"{d.state_type}")
+
+    def _functions(self) -> dict[str, DeviceFunction]:
+        """The decoder's parts as functions of batched arrays."""
+        d = self.decoder
+        if d.state_type is None:
+            raise TypeError(f"Generator: the start state type of {d!r} is not known: pass state_type= or a start "
+                            "state")
+        return {name: device_function(block, t, f"{d!r}'s {name}") for name, (block, t) in d.device_parts().items()}
+
+    def init(self, key: jax.Array) -> Params:
+        """Parameters for the decoder's layers (a compiled model using the decoder makes the same
+        keys; use one set for both)."""
+        if not is_key(key):
+            raise TypeError(f"init needs a PRNG key such as jax.random.key(0), got {key!r}")
+        self._functions()
+        layers = {name: lt for block, _ in self.decoder.device_parts().values()
+                  for name, lt in device_layers(block).items()}
+        return LayerParams(layers, {name: name for name in layers}).init(key)
+
+    def apply(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Any:
+        """Generates from ``start`` (one row per example), greedy without ``key``: pure and
+        jittable, one compilation per row count (``generate`` pads rows to bound them)."""
+        self._set_state_type(_type_of(start))
+        return self.decoder.decode(self._functions(), params, start, key)
+
+    def generate(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Any:
+        """``apply``, jitted, its rows padded to a power of two (at least ``MIN_ROWS``): batches of any
+        sizes compile once per power of two. The padded rows repeat the first example and are
+        dropped from the result."""
+        if key is not None and not is_key(key):
+            raise TypeError(f"generate's key must be a PRNG key such as jax.random.key(0) or None, got {key!r}")
+        leaves = jax.tree_util.tree_leaves(start)
+        if not leaves:
+            raise TypeError("generate needs a start state: arrays with one row per example")
+        rows = leaves[0].shape[0]
+        if rows == 0 or any(leaf.shape[:1] != (rows,) for leaf in leaves):
+            raise ValueError(f"generate: every array of the start state needs the same, non-zero number of rows; "
+                             f"got {[tuple(leaf.shape) for leaf in leaves]}")
+        padded = max(MIN_ROWS, next_pow2(rows))
+        start = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], padded - rows, 0)]), start)
+        out = self._generate(params, start, key)
+        return jax.tree_util.tree_map(lambda a: a[:rows], out)
