@@ -64,6 +64,7 @@ from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import CompilerStats
 from fold.generation.generator import Generator
 from fold.generation.sequence import Generated, SequenceDecoder
+from fold.generation.tree import GeneratedTrees, TreeDecoder
 from fold.schedule_plot import plot_schedule, schedule_profile
 from fold.scheduler.batch import Batch, BatchLayout, BatchStats
 from fold.scheduler.records import RecordedExamples
@@ -75,13 +76,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AllOf", "Batch", "BatchLayout", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast",
     "BroadcastSequenceType", "Compiler", "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC",
-    "FitResult", "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "Generated", "Generator", "GetItem",
-    "Identity",
-    "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min",
-    "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType",
-    "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceDecoder", "SequenceType",
-    "SerializedMessageToTree", "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState",
-    "Trainer", "TupleType", "Type",
-    "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
-    "checkpoint_metadata", "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
+    "FitResult", "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "Generated", "GeneratedTrees",
+    "Generator", "GetItem", "Identity", "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean",
+    "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe",
+    "ProtoMessageToTree", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar",
+    "SequenceDecoder", "SequenceType", "SerializedMessageToTree", "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor",
+    "TensorType", "TrainState", "Trainer", "TreeDecoder", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros",
+    "Zip", "ZipWith", "checkpoint_metadata", "convert_to_block", "convert_to_type", "load_checkpoint",
+    "plot_schedule", "save_checkpoint", "schedule_profile", "visualize",
 ]
