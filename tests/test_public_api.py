@@ -10,11 +10,14 @@ import fold
 PUBLIC = [
     "AllOf", "Batch", "BatchLayout", "BatchStats", "BinaryTreeLSTMCell", "Block", "Broadcast",
     "BroadcastSequenceType", "Compiler", "CompilerStats", "Composition", "Concat", "Dropout", "Embedding", "FC",
-    "FitResult", "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "GetItem", "Identity",
+    "FitResult", "Fold", "ForwardDeclaration", "FromTensor", "Function", "GRUCell", "Generated", "GeneratedTrees",
+    "Generator", "GetItem", "Identity",
     "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean", "Metric", "MetricValues", "Min",
     "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType",
-    "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceType", "SerializedMessageToTree",
-    "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TupleType", "Type",
+    "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceDecoder", "SequenceType",
+    "SerializedMessageToTree",
+    "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TreeDecoder",
+    "TupleType", "Type",
     "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
     "checkpoint_metadata", "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",
 ]
@@ -43,7 +46,8 @@ def test_the_package_is_typed():
 
 def test_the_public_named_tuples_document_their_fields():
     """``help(fd.FitResult)`` showed "Alias for field number 0" for every field."""
-    for cls in (fold.FitResult, fold.TrainState, fold.BatchStats, fold.BatchLayout, fold.CompilerStats):
+    for cls in (fold.FitResult, fold.TrainState, fold.BatchStats, fold.BatchLayout, fold.CompilerStats, fold.Generated,
+                fold.GeneratedTrees):
         for field in cls._fields:
             doc = getattr(cls, field).__doc__
             assert doc and not doc.startswith("Alias for field"), f"{cls.__name__}.{field}"

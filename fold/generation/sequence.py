@@ -34,6 +34,7 @@ from fold.blocks.host import BlockLike, HostContext, HostValue, HostWalk
 from fold.blocks.sequences import _as_list, _element_type
 from fold.blocks.tensors import Function
 from fold.blocks.types import SequenceType, TensorType, TupleType, Type, dtype_kind, is_tensor_tree
+from fold.fields import documented
 from fold.generation.decoder import Decoder, choose, positive, token_log_prob
 from fold.generation.device import DeviceFunction
 from fold.typing import Params, PyTree
@@ -41,13 +42,18 @@ from fold.typing import Params, PyTree
 __all__ = ["SequenceDecoder", "Generated"]
 
 
+@documented
 class Generated(NamedTuple):
     """Sequences generated for a batch of start states (arrays, one row per example)."""
 
-    tokens: jax.Array    # [examples, max_length]: the tokens before the end, -1 after them
-    lengths: jax.Array   # [examples]: how many tokens (the end not counted)
-    ended: jax.Array     # [examples]: whether the end was emitted; False: cut at max_length
-    log_prob: jax.Array  # [examples]: log-probability of the tokens, and of the end where ended
+    tokens: jax.Array
+    """``[examples, max_length]``: each example's tokens before the end, -1 after them."""
+    lengths: jax.Array
+    """``[examples]``: how many tokens (the end not counted)."""
+    ended: jax.Array
+    """``[examples]``: whether the end was emitted; False where ``max_length`` cut the sequence."""
+    log_prob: jax.Array
+    """``[examples]``: log-probability of the tokens, and of the end where it was emitted."""
 
     def sequences(self) -> list[list[int]]:
         """Per example, its tokens as a Python list (check ``ended`` for ones cut at ``max_length``)."""

@@ -41,6 +41,7 @@ from fold.blocks.host import BlockLike, HostContext, HostValue, HostWalk
 from fold.blocks.inputs import zeros_value
 from fold.blocks.tensors import Function
 from fold.blocks.types import PyObjectType, SequenceType, TensorType, TupleType, Type, dtype_kind, is_tensor_tree
+from fold.fields import documented
 from fold.generation.decoder import Decoder, choose, positive, token_log_prob
 from fold.generation.device import DeviceFunction
 from fold.typing import Params, PyObject, PyTree
@@ -50,18 +51,27 @@ __all__ = ["TreeDecoder", "GeneratedTrees"]
 _INDEX = TensorType((), "int32")
 
 
+@documented
 class GeneratedTrees(NamedTuple):
     """Trees generated for a batch of start states: per example, its nodes by number (the root
     is 0; a node's children are numbered after it, consecutively)."""
 
-    parent: jax.Array     # [examples, max_nodes]: the parent's number; -1 for the root and unused slots
-    position: jax.Array   # [examples, max_nodes]: which child of its parent (0 first)
-    arity: jax.Array      # [examples, max_nodes]: how many children; -1 for unused slots
-    label: jax.Array      # [examples, max_nodes]: a leaf's label; -1 for other nodes
-    num_nodes: jax.Array  # [examples]
-    truncated: jax.Array  # [examples]: whether a bound turned a node that chose children into a leaf
-    log_prob: jax.Array   # [examples]: log-probability of every decision the tree holds
-    states: PyTree        # per state leaf, [examples, max_nodes, ...]: each node's state
+    parent: jax.Array
+    """``[examples, max_nodes]``: each node's parent's number; -1 for the root and unused slots."""
+    position: jax.Array
+    """``[examples, max_nodes]``: which child of its parent a node is (0 first)."""
+    arity: jax.Array
+    """``[examples, max_nodes]``: how many children a node has; -1 for unused slots."""
+    label: jax.Array
+    """``[examples, max_nodes]``: a leaf's label; -1 for other nodes."""
+    num_nodes: jax.Array
+    """``[examples]``: how many nodes each tree has."""
+    truncated: jax.Array
+    """``[examples]``: whether a bound turned a node that chose children into a leaf."""
+    log_prob: jax.Array
+    """``[examples]``: log-probability of every decision the tree holds."""
+    states: PyTree
+    """Per leaf of the state, ``[examples, max_nodes, ...]``: each node's state (zeros for unused slots)."""
 
     def trees(self) -> list[PyObject]:
         """Per example, its tree as nested tuples with int labels at the leaves (the form

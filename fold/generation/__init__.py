@@ -1,0 +1,1 @@
+"""Generation: decoders whose structure the model decides, run on the device (``fold/generation/generator.py``)."""
