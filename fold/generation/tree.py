@@ -288,11 +288,8 @@ class _TreeLoop:
         me = jnp.where(valid, e.example * N + e.number, G + 1)  # G + 1: out of bounds, dropped
 
         # The entries' states: a root's is its start state, another's its child step's.
-        def gather(a: jax.Array, ids: jax.Array) -> jax.Array:
-            return a[ids]
-
-        parent_state = jax.tree_util.tree_map(gather, c.nodes.state, parent)
-        sibling_state = jax.tree_util.tree_map(gather, c.nodes.state, e.sibling)
+        parent_state = jax.tree_util.tree_map(lambda a: a[parent], c.nodes.state)
+        sibling_state = jax.tree_util.tree_map(lambda a: a[e.sibling], c.nodes.state)
         stepped = self.fns["child"](self.params, (parent_state, sibling_state))
         start = jax.tree_util.tree_map(lambda a: a[e.example], self.start)
         state = jax.tree_util.tree_map(

@@ -140,6 +140,25 @@ def test_teacher_forcing_scores_what_generation_makes_and_its_gradient_is_exact(
             np.testing.assert_allclose(got[layer][name], want[layer][name], rtol=1e-4, atol=1e-5)
 
 
+def test_lstm_states_generate_what_the_static_model_scores():
+    # A tuple state (c, h): the child LSTM steps from the sibling's state with the parent's h as input.
+    child = fd.Function(lambda parent, sibling: (parent[1], sibling), name="parent_h") \
+        >> fd.LSTMCell(H, name="lstm") >> fd.GetItem(1)
+    decoder = fd.TreeDecoder(child, fd.GetItem(1) >> fd.FC(2, activation=None, name="arity"),
+                             fd.GetItem(1) >> fd.FC(LABELS, activation=None, name="label"), max_levels=4, max_nodes=15)
+    compiler = fd.Compiler.create(fd.Record((fd.Record((fd.Vector(H), fd.Vector(H))), fd.Identity())) >> decoder
+                                  >> fd.Sum())
+    params = compiler.init(jax.random.key(4))
+    params["arity"]["b"] = params["arity"]["b"].at[1].add(2.0)
+    c, h = _starts(6, 1, 2.0), _starts(6, 2, 2.0)
+    out = fd.Generator(decoder).generate(params, (c, h), jax.random.key(1))
+    trees = out.trees()
+    assert any(isinstance(t, tuple) for t in trees) and out.truncated.any()
+    batch = compiler.build_batch([((ci.tolist(), hi.tolist()), t) for ci, hi, t in zip(c, h, trees)])
+    np.testing.assert_allclose(compiler.apply(params, batch).outputs, out.log_prob, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.states[1][:, 0], h, rtol=1e-6)  # the root's state is its start state
+
+
 def test_bad_trees_and_decoders_are_clear_errors():
     compiler = fd.Compiler.create(fd.Record((fd.Vector(H), fd.Identity())) >> _decoder() >> fd.Sum())
     for tree, match in (((1, 2, 3), r"a node has 3 children, but its arities are \(0, 2\)"),
