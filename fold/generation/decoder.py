@@ -74,7 +74,9 @@ class Decoder(Block):
         """The blocks ``decode`` runs, by name, each with its input type (the state type known)."""
         raise NotImplementedError
 
-    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree, key: jax.Array | None) -> Any:
+    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree, key: jax.Array | None,
+               examples: jax.Array) -> Any:
         """Generates from ``start`` (one row per example) with ``fns``, ``device_parts`` as
-        functions of batched arrays: pure and jittable."""
+        functions of batched arrays: pure and jittable. Only the first ``examples`` rows (an int32
+        scalar) generate: the others are padding, and cost nothing past the first iteration."""
         raise NotImplementedError

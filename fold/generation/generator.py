@@ -66,7 +66,7 @@ class Generator:
             self._set_state_type(convert_to_type(state_type))
         if decoder.state_type is not None:
             self._functions()  # errors in the blocks surface here, not at the first generate
-        self._generate = jax.jit(self.apply)
+        self._generate = jax.jit(self._decode)
 
     def _set_state_type(self, state: Type) -> None:
         d = self.decoder
@@ -97,13 +97,16 @@ class Generator:
     def apply(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Any:
         """Generates from ``start`` (one row per example), greedy without ``key``: pure and
         jittable, one compilation per row count (``generate`` pads rows to bound them)."""
+        return self._decode(params, start, key, jax.tree_util.tree_leaves(start)[0].shape[0])
+
+    def _decode(self, params: Params, start: PyTree, key: jax.Array | None, examples: jax.Array | int) -> Any:
         self._set_state_type(_type_of(start))
-        return self.decoder.decode(self._functions(), params, start, key)
+        return self.decoder.decode(self._functions(), params, start, key, jnp.asarray(examples, jnp.int32))
 
     def generate(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Any:
         """``apply``, jitted, its rows padded to a power of two (at least ``MIN_ROWS``): batches of any
-        sizes compile once per power of two. The padded rows repeat the first example and are
-        dropped from the result."""
+        sizes compile once per power of two. The padded rows repeat the first example, generate
+        nothing and are dropped from the result."""
         if key is not None and not is_key(key):
             raise TypeError(f"generate's key must be a PRNG key such as jax.random.key(0) or None, got {key!r}")
         leaves = jax.tree_util.tree_leaves(start)
@@ -115,5 +118,5 @@ class Generator:
                              f"got {[tuple(leaf.shape) for leaf in leaves]}")
         padded = max(MIN_ROWS, next_pow2(rows))
         start = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], padded - rows, 0)]), start)
-        out = self._generate(params, start, key)
+        out = self._generate(params, start, key, rows)
         return jax.tree_util.tree_map(lambda a: a[:rows], out)

@@ -159,19 +159,19 @@ class SequenceDecoder(Decoder):
         return {"step": (self.step, TupleType(state, token)), "readout": (self.readout, state)}
 
     def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree,
-               key: jax.Array | None) -> Generated:
+               key: jax.Array | None, examples: jax.Array) -> Generated:
         """Every example's next token at once, in one ``lax.while_loop``, until each has ended
         or emitted ``max_length`` tokens."""
         step, readout = fns["step"], fns["readout"]
         token_type = self.token_type
         assert token_type is not None  # set with the state type
         rows = jax.tree_util.tree_leaves(start)[0].shape[0]
-        examples = jnp.arange(rows)
+        row_ids = jnp.arange(rows)
 
         def body(carry: _Carry) -> _Carry:
             t, state, done, tokens, lengths, logp = carry
             logits = readout(params, state)
-            tok = choose(logits, key, examples, jnp.broadcast_to(t, (rows,)), 0).astype(token_type.dtype)
+            tok = choose(logits, key, row_ids, jnp.broadcast_to(t, (rows,)), 0).astype(token_type.dtype)
             active = ~done
             emits = active & (tok != self.end_token)
             logp = logp + jnp.where(active, token_log_prob(logits, tok), 0)
@@ -186,7 +186,7 @@ class SequenceDecoder(Decoder):
             return jnp.logical_and(t < self.max_length, ~jnp.all(done))
 
         logits_dtype = jax.eval_shape(lambda s: readout(params, s), start).dtype
-        carry = (jnp.int32(0), start, jnp.zeros(rows, bool), jnp.full((rows, self.max_length), -1, token_type.dtype),
+        carry = (jnp.int32(0), start, examples <= row_ids, jnp.full((rows, self.max_length), -1, token_type.dtype),
                  jnp.zeros(rows, jnp.int32), jnp.zeros(rows, logits_dtype))
         _, _, done, tokens, lengths, logp = lax.while_loop(cond, body, carry)
         return Generated(tokens, lengths, done, logp)

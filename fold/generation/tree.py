@@ -208,11 +208,11 @@ class TreeDecoder(Decoder):
                 "label": (self.label, state)}
 
     def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree,
-               key: jax.Array | None, frontier: int | None = None) -> GeneratedTrees:
+               key: jax.Array | None, examples: jax.Array, frontier: int | None = None) -> GeneratedTrees:
         """Generates every example's tree together (see the module docstring); ``frontier``
-        entries per iteration (default: twice the examples)."""
+        entries per iteration (default: as many as rows)."""
         rows = jax.tree_util.tree_leaves(start)[0].shape[0]
-        return _TreeLoop(self, fns, params, start, key, rows, frontier or 2 * rows).run()
+        return _TreeLoop(self, fns, params, start, key, rows, frontier or rows).run(examples)
 
 
 class _Queue(NamedTuple):
@@ -259,7 +259,7 @@ class _TreeLoop:
         self.arities = jnp.asarray(decoder.arities, jnp.int32)
         self.leaf_choice = decoder.arities.index(0)
 
-    def initial(self) -> _Carry:
+    def initial(self, examples: jax.Array) -> _Carry:
         B, G, F = self.B, self.G, self.F
         size = G + F  # entries run F at a time: the last slice may reach past the G there can be
         roots = jnp.arange(B, dtype=jnp.int32)
@@ -276,8 +276,8 @@ class _TreeLoop:
             return jnp.full(G + 1, fill, jnp.int32)
 
         nodes = _Nodes(state, per_node(-1), per_node(0), per_node(-1), per_node(-1), per_node(0))
-        return _Carry(jnp.int32(0), jnp.int32(B), queue, nodes, jnp.ones(B, jnp.int32), jnp.zeros(B, bool),
-                      jnp.zeros(B, bool), jnp.zeros(B, logits.dtype))
+        return _Carry(jnp.int32(0), jnp.asarray(examples, jnp.int32), queue, nodes, jnp.ones(B, jnp.int32),
+                      jnp.zeros(B, bool), jnp.zeros(B, bool), jnp.zeros(B, logits.dtype))
 
     def body(self, c: _Carry) -> _Carry:
         B, N, G, F = self.B, self.N, self.G, self.F
@@ -346,8 +346,8 @@ class _TreeLoop:
             c.truncated | (per_example(valid & (wants > 0) & ~granted) > 0),
             c.log_prob + per_example(logp))
 
-    def run(self) -> GeneratedTrees:
-        c = lax.while_loop(lambda c: c.head < c.tail, self.body, self.initial())
+    def run(self, examples: jax.Array) -> GeneratedTrees:
+        c = lax.while_loop(lambda c: c.head < c.tail, self.body, self.initial(examples))
         B, N = self.B, self.N
         n = c.nodes
 

@@ -134,6 +134,9 @@ def test_batches_of_any_size_compile_once_per_power_of_two():
         assert out.tokens.shape == (n, 5)
         assert out.sequences() == [_reference(params, s, 5)[0] for s in _starts(n, seed=n)]
     assert generator._generate._cache_size() == 3  # 8, 16 and 32 rows
+    # Padding rows generate nothing: they start as ended.
+    padded = generator._decode(params, _starts(8), None, 3)
+    assert padded.lengths[3:].tolist() == [0] * 5 and padded.ended[3:].all()
 
 
 def test_bad_decoders_are_clear_errors():
