@@ -15,8 +15,10 @@ are greedy from random start states, bounded by ``--max-levels`` and ``--max-nod
 
 All three use the same parameters and start states; the report gives trees per second, fold's
 speedup over each, and how many trees each baseline grew exactly as fold did (float rounding
-may flip a near-tie). Goals (issue 51): batch 64 at least 20x the JAX loop and 5x PyTorch; batch
-1 no slower than the JAX loop.
+may flip a near-tie). The *cell need* is the decoder's work on all the batch's nodes as one
+batched call per part, no dependencies: no generator computes less, so a baseline's time over
+it bounds the speedup any batching can reach on the machine. Goals (issue 51): batch 64 at least
+20x the JAX loop and 5x PyTorch; batch 1 no slower than the JAX loop.
 
 Run: ``python -m benchmarks.generation`` (``--quick``: small, seconds). Writes
 ``benchmarks/results/generation.json``.
@@ -137,6 +139,21 @@ class TorchPerExample:
                          self.args.max_nodes) for c, h in zip(*starts)]
 
 
+def cell_floor(generator: fd.Generator, params: Any, hidden: int, nodes: int, repeats: int) -> float:
+    """Seconds of the decoder's work on ``nodes`` rows with no dependencies: one batched call of
+    each part (a child step, the arity and the label logits) on all of them, jitted. No schedule
+    of those nodes computes less: the bound on any generator's time (and on fold's speedup)."""
+    fns = generator._functions()
+
+    @jax.jit
+    def cells(s):
+        return fns["child"](params, (s, s)), fns["arity"](params, s), fns["label"](params, s)
+
+    rows = (jnp.ones((nodes, hidden)), jnp.ones((nodes, hidden)))
+    jax.block_until_ready(cells(rows))
+    return median_seconds(lambda: jax.block_until_ready(cells(rows)), repeats)
+
+
 def size(tree: Tree) -> int:
     return 1 + sum(map(size, tree)) if isinstance(tree, tuple) else 1
 
@@ -164,6 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out = fold_trees()
         trees = out.trees()
         seconds = {"fold": median_seconds(fold_trees, args.repeats)}
+        nodes = int(np.sum(out.num_nodes))
+        floor = cell_floor(generator, params, args.hidden, nodes, args.repeats)
         agree = {}
         for name, peer in peers.items():
             theirs = peer.trees(starts)  # also warms its jitted calls up
@@ -172,11 +191,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rate = {name: batch / s for name, s in seconds.items()}
         run = {"batch_size": batch, "trees_per_s": rate, "seconds": seconds, "same_trees": agree,
                "fold_speedup": {name: rate["fold"] / rate[name] for name in peers},
+               "nodes": nodes, "cell_need_seconds": floor, "fold_vs_cell_need": seconds["fold"] / floor,
+               "speedup_at_cell_need": {name: seconds[name] / floor for name in peers},
                "mean_nodes": float(np.mean([size(t) for t in trees])), "truncated": float(np.mean(out.truncated))}
         runs.append(run)
         print(f"batch {batch}: " + ", ".join(f"{n} {r:.1f} trees/s" for n, r in rate.items())
               + f"; fold x{', x'.join(f'{v:.1f}' for v in run['fold_speedup'].values())}; mean nodes "
-              f"{run['mean_nodes']:.1f}; same trees " + ", ".join(f"{v:.0%}" for v in agree.values()), flush=True)
+              f"{run['mean_nodes']:.1f}; same trees " + ", ".join(f"{v:.0%}" for v in agree.values())
+              + f"; fold {run['fold_vs_cell_need']:.2f}x its cell need", flush=True)
     return {"runs": runs, "args": {k: v for k, v in vars(args).items() if k != "json"}}
 
 
