@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-EXAMPLES = ["attention", "calculator", "quickstart", "sentiment_pipeline", "tagger", "tree_decoder", "tree_lstm_sst",
-            "weave"]
+EXAMPLES = ["attention", "calculator", "quickstart", "sentence_decoder", "sentiment_pipeline", "tagger", "tree_decoder",
+            "tree_lstm_sst", "weave"]
 
 
 def _parse(name: str, argv: list[str], monkeypatch) -> None:
