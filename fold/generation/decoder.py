@@ -13,7 +13,7 @@ logits)``: what an example generates does not depend on the batch around it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,14 @@ from fold.blocks.types import TupleType, Type
 from fold.generation.device import DeviceFunction
 from fold.typing import Params, PyTree
 
-__all__ = ["Decoder", "choose", "positive", "token_log_prob"]
+if TYPE_CHECKING:
+    from fold.generation.sequence import Generated
+    from fold.generation.tree import GeneratedTrees
+
+__all__ = ["Decoder", "Generation", "choose", "positive", "token_log_prob"]
+
+Generation: TypeAlias = "Generated | GeneratedTrees"
+"""What a decoder generates for a batch of start states."""
 
 
 def token_log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
@@ -75,7 +82,7 @@ class Decoder(Block):
         raise NotImplementedError
 
     def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree, key: jax.Array | None,
-               examples: jax.Array) -> Any:
+               examples: jax.Array) -> Generation:
         """Generates from ``start`` (one row per example) with ``fns``, ``device_parts`` as
         functions of batched arrays: pure and jittable. Only the first ``examples`` rows (an int32
         scalar) generate: the others are padding, and cost nothing past the first iteration."""

@@ -20,14 +20,12 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from fold.blocks.types import TensorType, TupleType, Type, TypeLike, convert_to_type
 from fold.compiler.params import LayerParams, is_key
-from fold.generation.decoder import Decoder
+from fold.generation.decoder import Decoder, Generation
 from fold.generation.device import DeviceFunction, device_function, device_layers
 from fold.scheduler.schedule import next_pow2
 from fold.typing import Params, PyTree
@@ -94,16 +92,16 @@ class Generator:
                   for name, lt in device_layers(block).items()}
         return LayerParams(layers, {name: name for name in layers}).init(key)
 
-    def apply(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Any:
+    def apply(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Generation:
         """Generates from ``start`` (one row per example), greedy without ``key``: pure and
         jittable, one compilation per row count (``generate`` pads rows to bound them)."""
         return self._decode(params, start, key, jax.tree_util.tree_leaves(start)[0].shape[0])
 
-    def _decode(self, params: Params, start: PyTree, key: jax.Array | None, examples: jax.Array | int) -> Any:
+    def _decode(self, params: Params, start: PyTree, key: jax.Array | None, examples: jax.Array | int) -> Generation:
         self._set_state_type(_type_of(start))
         return self.decoder.decode(self._functions(), params, start, key, jnp.asarray(examples, jnp.int32))
 
-    def generate(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Any:
+    def generate(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Generation:
         """``apply``, jitted, its rows padded to a power of two (at least ``MIN_ROWS``): batches of any
         sizes compile once per power of two. The padded rows repeat the first example, generate
         nothing and are dropped from the result."""
@@ -118,5 +116,5 @@ class Generator:
                              f"got {[tuple(leaf.shape) for leaf in leaves]}")
         padded = max(MIN_ROWS, next_pow2(rows))
         start = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], padded - rows, 0)]), start)
-        out = self._generate(params, start, key, rows)
-        return jax.tree_util.tree_map(lambda a: a[:rows], out)
+        out: Generation = self._generate(params, start, key, rows)
+        return type(out)(*jax.tree_util.tree_map(lambda a: a[:rows], tuple(out)))
