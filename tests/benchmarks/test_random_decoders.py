@@ -15,13 +15,13 @@ def _seeds(kind: type, count: int) -> list[int]:
     return [s for s in range(60) if isinstance(random_decoders.random_decoder(s).decoder, kind)][:count]
 
 
-@pytest.mark.parametrize("seed", _seeds(fd.SequenceDecoder, 1) + _seeds(fd.TreeDecoder, 1))
-def test_random_decoders_match_their_references(seed):
+def test_a_random_decoder_matches_its_reference():
+    seed = _seeds(fd.SequenceDecoder, 1)[0]
     assert random_decoders.check(seed, examples=4)["seed"] == seed
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(60, 100))
+@pytest.mark.slow  # tree decoders' references take 10-30 s each; the generation tests check trees in CI
+@pytest.mark.parametrize("seed", range(100))
 def test_more_random_decoders_match_their_references(seed):
     random_decoders.check(seed)
 

@@ -92,7 +92,7 @@ def test_teacher_forcing_scores_what_generation_emits_and_its_gradient_is_exact(
                 s = jnp.tanh(jnp.concatenate([s, p["emb"]["table"][y]]) @ p["cell"]["w"] + p["cell"]["b"])
         return total
 
-    got, want = jax.grad(static)(params), jax.grad(reference)(params)
+    got, want = jax.jit(jax.grad(static))(params), jax.jit(jax.grad(reference))(params)
     for layer in want:
         for name in want[layer]:
             np.testing.assert_allclose(got[layer][name], want[layer][name], rtol=1e-4, atol=1e-5)

@@ -133,8 +133,8 @@ def test_teacher_forcing_scores_what_generation_makes_and_its_gradient_is_exact(
             return total
         return score(tree, jnp.asarray(start))
 
-    got = jax.grad(lambda p: compiler.apply(p, batch).outputs.sum())(params)
-    want = jax.grad(lambda p: sum(reference(p, s, t) for s, t in zip(starts, trees)))(params)
+    got = jax.jit(jax.grad(lambda p: compiler.apply(p, batch).outputs.sum()))(params)
+    want = jax.jit(jax.grad(lambda p: sum(reference(p, s, t) for s, t in zip(starts, trees))))(params)
     for layer in want:
         for name in want[layer]:
             np.testing.assert_allclose(got[layer][name], want[layer][name], rtol=1e-4, atol=1e-5)
