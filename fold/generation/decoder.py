@@ -1,10 +1,12 @@
 """What the generation blocks share: the ``Decoder`` contract, decisions and their log-probabilities.
 
-A decoder is a block with two uses. In a model it scores a known structure (teacher forcing):
-its input is ``(start state, structure)`` and its output one log-probability per decision.
+A decoder (``SequenceDecoder``, ``TreeDecoder``) is a block with two uses. In a model it scores a
+known structure (teacher forcing): its input is ``(start state, structure)`` and its output one
+log-probability per decision.
 ``fd.Generator`` runs the same blocks on the device, where the decoder decides the structure
-itself (``decode``): its parts become functions of batched arrays (``device_parts``, made by
-``fold/generation/device.py``), and one ``lax.while_loop`` decides for every example at once.
+itself: each decoder's ``device_parts`` become functions of batched arrays (made by
+``fold/generation/device.py``), and its ``decode(fns, params, start, key, examples)`` decides for
+every example at once in one ``lax.while_loop``, only the first ``examples`` rows generating.
 
 Decisions are greedy (``argmax``) without a key. With one, decision ``d`` (0, 1, ...) of node
 or step ``n`` of example ``b`` draws from ``categorical(fold_in(fold_in(fold_in(key, b), n), d),
@@ -20,8 +22,6 @@ import jax.numpy as jnp
 
 from fold.blocks.base import Block
 from fold.blocks.types import TupleType, Type
-from fold.generation.device import DeviceFunction
-from fold.typing import Params, PyTree
 
 if TYPE_CHECKING:
     from fold.generation.sequence import Generated
@@ -72,18 +72,10 @@ class Decoder(Block):
         t = self.input_type
         return t[0] if isinstance(t, TupleType) else None
 
+    #: The type of the structure it scores, the second item of its input.
+    structure_type: Type
+
     def set_state_type(self, state: Type) -> None:
         """Sets the input type from the start state's type ``state`` (``fd.Generator`` does, from
         ``state_type=`` or the first start states it gets)."""
-        raise NotImplementedError
-
-    def device_parts(self) -> dict[str, tuple[Block, Type]]:
-        """The blocks ``decode`` runs, by name, each with its input type (the state type known)."""
-        raise NotImplementedError
-
-    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree, key: jax.Array | None,
-               examples: jax.Array) -> Generation:
-        """Generates from ``start`` (one row per example) with ``fns``, ``device_parts`` as
-        functions of batched arrays: pure and jittable. Only the first ``examples`` rows (an int32
-        scalar) generate: the others are padding, and cost nothing past the first iteration."""
-        raise NotImplementedError
+        self.set_input_type(TupleType(state, self.structure_type))

@@ -25,8 +25,10 @@ import jax.numpy as jnp
 
 from fold.blocks.types import TensorType, TupleType, Type, TypeLike, convert_to_type
 from fold.compiler.params import LayerParams, is_key
-from fold.generation.decoder import Decoder, Generation
+from fold.generation.decoder import Generation
 from fold.generation.device import DeviceFunction, device_function, device_layers
+from fold.generation.sequence import SequenceDecoder
+from fold.generation.tree import TreeDecoder
 from fold.scheduler.schedule import next_pow2
 from fold.typing import Params, PyTree
 
@@ -56,8 +58,8 @@ class Generator:
         ``decoder`` does; else the first start states given do).
     """
 
-    def __init__(self, decoder: Decoder, state_type: TypeLike | None = None):
-        if not isinstance(decoder, Decoder):
+    def __init__(self, decoder: SequenceDecoder | TreeDecoder, state_type: TypeLike | None = None):
+        if not isinstance(decoder, (SequenceDecoder, TreeDecoder)):
             raise TypeError(f"Generator needs a fd.SequenceDecoder or fd.TreeDecoder, got {decoder!r}")
         self.decoder = decoder
         if state_type is not None:

@@ -84,6 +84,8 @@ class SequenceDecoder(Decoder):
     ``fd.Generator`` runs them on the device.
     """
 
+    structure_type = SequenceType(TensorType((), "int32"))
+
     def __init__(self, step: BlockLike, readout: BlockLike, end_token: int, max_length: int,
                  name: str | None = None):
         if isinstance(end_token, bool) or not isinstance(end_token, int) or end_token < 0:
@@ -150,9 +152,6 @@ class SequenceDecoder(Decoder):
         return scores
 
     # ------------------------------------------------------------------ generation
-    def set_state_type(self, state: Type) -> None:
-        self.set_input_type(TupleType(state, SequenceType(TensorType((), "int32"))))
-
     def device_parts(self) -> dict[str, tuple[Block, Type]]:
         state, token = self.state_type, self.token_type
         assert state is not None and token is not None  # fd.Generator sets them first

@@ -108,6 +108,8 @@ class TreeDecoder(Decoder):
       max_nodes: the most nodes of one generated tree.
     """
 
+    structure_type = PyObjectType()
+
     def __init__(self, child: BlockLike, arity: BlockLike, label: BlockLike, arities: Sequence[int] = (0, 2),
                  max_levels: int = 32, max_nodes: int = 256, name: str | None = None):
         arities = tuple(arities)
@@ -198,9 +200,6 @@ class TreeDecoder(Decoder):
         return ()
 
     # ------------------------------------------------------------------ generation
-    def set_state_type(self, state: Type) -> None:
-        self.set_input_type(TupleType(state, PyObjectType()))
-
     def device_parts(self) -> dict[str, tuple[Block, Type]]:
         state = self.state_type
         assert state is not None  # fd.Generator sets it first
