@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import fold as fd
-from examples import common, sst
+from examples import sst
 from examples.common import COUNT, NATURAL, add_training_flags, print_table, write_report
-from examples.tree_decoder import SENTIMENTS, UNK, split_state, start_states
+from examples.tree_decoder import SENTIMENTS, UNK, split_state, train_and_generate
 
 END = "<end>"
 
@@ -75,15 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
     train, dev = examples_of(train_trees, word_idx), examples_of(dev_trees, word_idx)
 
     decoder = build_decoder(len(word_idx), args)
-    compiler = fd.Compiler.create(build_model(decoder, args))
-    trainer = common.trainer(compiler, optax.adam(args.learning_rate), args)
-    fitted = common.fit(trainer, train, args, "sentence_decoder", monitor="dev_loss", mode="min",
-                        scores=lambda p: {"dev_loss": float(trainer.evaluate(p, dev)["loss"])})
+    trainer, fitted, sentiments, out = train_and_generate("sentence_decoder", decoder, build_model(decoder, args),
+                                                          train, dev, args)
     params = fitted.best_params
-
-    generator = fd.Generator(decoder)
-    sentiments = np.repeat(np.arange(SENTIMENTS), args.samples)
-    out = generator.generate(params, start_states(params, sentiments), key=jax.random.key(args.seed))
     sentences = out.sequences()
     lengths, ended = np.asarray(out.lengths), np.asarray(out.ended)
     generated = [(int(s), seq) for s, seq in zip(sentiments, sentences)]

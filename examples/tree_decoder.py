@@ -73,6 +73,20 @@ def start_states(params: Any, sentiments: np.ndarray) -> tuple[jax.Array, jax.Ar
     return split_state(params["start"]["table"][jnp.asarray(sentiments)])
 
 
+def train_and_generate(name: str, decoder: fd.TreeDecoder | fd.SequenceDecoder, model: fd.Block, train: list,
+                       dev: list, args: argparse.Namespace) -> tuple[fd.Trainer, fd.FitResult, np.ndarray, Any]:
+    """Trains ``model`` (teacher forcing through ``decoder``), keeping the parameters of the best
+    dev loss, then samples ``args.samples`` structures per sentiment with them, all at once on the
+    device: the trainer, the fit, each structure's sentiment and what ``fd.Generator`` returned."""
+    trainer = common.trainer(fd.Compiler.create(model), optax.adam(args.learning_rate), args)
+    fitted = common.fit(trainer, train, args, name, monitor="dev_loss", mode="min",
+                        scores=lambda p: {"dev_loss": float(trainer.evaluate(p, dev)["loss"])})
+    params = fitted.best_params
+    sentiments = np.repeat(np.arange(SENTIMENTS), args.samples)
+    out = fd.Generator(decoder).generate(params, start_states(params, sentiments), key=jax.random.key(args.seed))
+    return trainer, fitted, sentiments, out
+
+
 def sentence(tree: Any, words: list[str]) -> str:
     """A generated tree as text: its words, each pair in brackets."""
     if isinstance(tree, tuple):
@@ -104,16 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
     train, dev = examples_of(train_trees, word_idx), examples_of(dev_trees, word_idx)
 
     decoder = build_decoder(len(word_idx), args)
-    compiler = fd.Compiler.create(build_model(decoder, args))
-    trainer = common.trainer(compiler, optax.adam(args.learning_rate), args)
-    fitted = common.fit(trainer, train, args, "tree_decoder", monitor="dev_loss", mode="min",
-                        scores=lambda p: {"dev_loss": float(trainer.evaluate(p, dev)["loss"])})
+    trainer, fitted, sentiments, out = train_and_generate("tree_decoder", decoder, build_model(decoder, args),
+                                                          train, dev, args)
     params = fitted.best_params
-
-    # Generation: every sentiment's trees at once, sampled, on the device.
-    generator = fd.Generator(decoder)
-    sentiments = np.repeat(np.arange(SENTIMENTS), args.samples)
-    out = generator.generate(params, start_states(params, sentiments), key=jax.random.key(args.seed))
     trees = out.trees()
     generated = [(int(s), t) for s, t in zip(sentiments, trees)]
     nodes = np.asarray(out.num_nodes)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fold as fd
-from examples import sentence_decoder
+from examples import sentence_decoder, tree_decoder
 from tests.examples.test_tree_decoder import SAMPLE, _lstm
 
 
@@ -35,7 +35,7 @@ def test_examples_map_words_and_losses_match_plain_jax():
     want = [v for s, words in examples for v in _reference(params, s, words)]
     np.testing.assert_allclose(np.asarray(losses), want, rtol=1e-5, atol=1e-6)
     sentiments = np.array([1, 3, 3])
-    out = fd.Generator(decoder).generate(params, sentence_decoder.start_states(params, sentiments),
+    out = fd.Generator(decoder).generate(params, tree_decoder.start_states(params, sentiments),
                                          jax.random.key(2))
     kept = np.asarray(out.ended)
     generated = [(int(s), seq) for s, seq, e in zip(sentiments, out.sequences(), kept) if e]
