@@ -46,6 +46,7 @@ from fold.blocks.sequences import (
     Zip,
     ZipWith,
 )
+from fold.blocks.sharing import Shared
 from fold.blocks.tensors import Concat, Function
 from fold.blocks.types import (
     BroadcastSequenceType,
@@ -80,8 +81,9 @@ __all__ = [
     "Generator", "GetItem", "Identity", "InputTransform", "LSTMCell", "Layer", "Length", "Map", "Max", "Mean",
     "Metric", "MetricValues", "Min", "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe",
     "ProtoMessageToTree", "PyObjectType", "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar",
-    "SequenceDecoder", "SequenceType", "SerializedMessageToTree", "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor",
-    "TensorType", "TrainState", "Trainer", "TreeDecoder", "TupleType", "Type", "Vector", "Void", "VoidType", "Zeros",
+    "SequenceDecoder", "SequenceType", "SerializedMessageToTree", "ShardedBatch", "Shared", "Slice", "Softmax", "Sum",
+    "Tensor", "TensorType", "TrainState", "Trainer", "TreeDecoder", "TupleType", "Type", "Vector", "Void", "VoidType",
+    "Zeros",
     "Zip", "ZipWith", "checkpoint_metadata", "convert_to_block", "convert_to_type", "load_checkpoint",
     "plot_schedule", "save_checkpoint", "schedule_profile", "visualize",
 ]

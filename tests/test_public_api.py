@@ -16,7 +16,7 @@ PUBLIC = [
     "NGrams", "Nth", "OneHot", "OneHotFromList", "OneOf", "Optional", "Pipe", "ProtoMessageToTree", "PyObjectType",
     "RNN", "Record", "RecordedExamples", "Reduce", "Result", "Scalar", "SequenceDecoder", "SequenceType",
     "SerializedMessageToTree",
-    "ShardedBatch", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TreeDecoder",
+    "ShardedBatch", "Shared", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TreeDecoder",
     "TupleType", "Type",
     "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
     "checkpoint_metadata", "load_checkpoint", "plot_schedule", "schedule_profile", "save_checkpoint", "visualize",

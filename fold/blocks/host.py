@@ -102,7 +102,10 @@ class HostContext(Protocol):
     """The builder as blocks see it (implemented by ``fold.scheduler.builder.BatchBuilder``)."""
 
     block_cache: dict[Hashable, HostValue]
-    """Values a block computes once per batch (``Zeros`` keeps its ids here)."""
+    """Values a block computes once per batch (``Zeros`` keeps its ids here, ``Shared`` its nodes)."""
+
+    example_index: int | None
+    """The current example's position in its batch (None for one example given on its own)."""
 
     recursing: set[tuple[int, int]]
     """``(declaration, input object)`` ids of the recursive calls the walk is in (cycle check)."""

@@ -31,6 +31,7 @@ from fold.blocks.control import ForwardDeclaration, Metric, OneOf, _Reference
 from fold.blocks.host import DEFAULT_LIMITS, ConstValue, ExampleLimits, HostValue, OpBlock, Step
 from fold.blocks.layers import Layer
 from fold.blocks.plumbing import Pipe
+from fold.blocks.sharing import Shared
 from fold.blocks.tensors import Function, flatten_value, unflatten_value
 from fold.blocks.types import TensorType, Type, is_tensor_tree
 from fold.scheduler.walk import walk
@@ -51,6 +52,7 @@ class _DeviceContext:
         self.values: list[jax.Array] = []
         self.block_cache: dict[Hashable, HostValue] = {}
         self.recursing: set[tuple[int, int]] = set()
+        self.example_index: int | None = None  # all rows at once
 
     @property
     def limits(self) -> ExampleLimits:
@@ -131,6 +133,9 @@ def device_function(block: Block, in_type: Type, owner: str = "a device block") 
             raise TypeError(f"{owner}: {outline(b)} decides on the host, but {outline(block)} runs on the device, "
                             "where no choice of block can depend on a value: compute choices as tensors (a "
                             "generation block's decisions do)")
+        if isinstance(b, Shared):
+            raise TypeError(f"{owner}: {b!r} shares nodes by their input objects on the host, but {outline(block)} "
+                            "runs on the device, where there are none: share in the static model")
         if isinstance(b, Metric):
             raise TypeError(f"{owner}: {b!r} cannot record inside {outline(block)}, which runs on the device: "
                             "record metrics in the static model")

@@ -175,6 +175,9 @@ def test_blocks_that_choose_on_the_host_cannot_run_in_a_generation_step():
     metric = fd.Function(lambda s, y: s) >> fd.AllOf(fd.Identity(), total) >> fd.GetItem(0)
     with pytest.raises(TypeError, match="Metric.* cannot record inside .*, which runs on the device"):
         fd.Generator(fd.SequenceDecoder(metric, fd.FC(V), END, 4), state_type=fd.TensorType((H,)))
+    shared = fd.Shared(fd.Function(lambda s, y: s))
+    with pytest.raises(TypeError, match="Shared.* shares nodes by their input objects on the host"):
+        fd.Generator(fd.SequenceDecoder(shared, fd.FC(V), END, 4), state_type=fd.TensorType((H,)))
 
 
 def test_bad_start_states_and_keys_are_clear_errors():

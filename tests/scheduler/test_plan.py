@@ -219,3 +219,17 @@ def test_no_model_leaves_cycles_after_a_build(name):
         assert host_plan(compiler.program).source.count("def decl") == 2
         assert_plan_matches_walk(compiler, examples)
     assert _garbage_of_a_build(compiler, examples)[2] == 0
+
+
+def test_shared_nodes_are_planned_and_record_what_the_walk_records():
+    from tests.blocks.test_sharing import make_dag_model, random_dag
+
+    rng = random.Random(7)
+    examples = [random_dag(rng, rng.randint(1, 10)) for _ in range(6)]
+    examples.append(examples[0]["kids"][0])  # another example reaching the same objects
+    for across in (False, True):
+        compiler = fd.Compiler.create(make_dag_model(across_examples=across)[0])
+        source = host_plan(compiler.program).source
+        assert "ctx.block_cache.get(" in source  # emitted, not left to the generic walk
+        assert_plan_matches_walk(compiler, examples)
+        assert _garbage_of_a_build(compiler, examples)[2] == 0
