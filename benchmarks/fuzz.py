@@ -9,10 +9,10 @@ batches with ``compiler.batches`` and compares every batch's outputs, metric val
 with the reference, which evaluates one example at a time in plain ``jax.numpy`` and shares nothing
 with the scheduler or the executor. An exception is a failure too. A results file records each
 part's grammar (``GRAMMARS``: ``rich`` lacks ``Composition``, ``Metric``, constants and custom
-layers, ``users`` lacks ``Softmax``, ``OneHotFromList``, rank-2 ``Tensor`` and ``Void``; parts from
-before grammars were recorded are ``rich``) and its failed cases theirs: ``--resume`` keeps the
-last part's unless ``--grammar`` says otherwise, and a failed case runs again with its own, so that
-a seed always draws the model it drew.
+layers, ``users`` lacks ``Softmax``, ``OneHotFromList``, rank-2 ``Tensor`` and ``Void``, ``every``
+lacks ``Shared`` recursions over DAG inputs; parts from before grammars were recorded are ``rich``)
+and its failed cases theirs: ``--resume`` keeps the last part's unless ``--grammar`` says
+otherwise, and a failed case runs again with its own, so that a seed always draws the model it drew.
 
 Run: ``python -m benchmarks.fuzz --cases 10000`` (results in ``benchmarks/results/fuzz.json``,
 saved every ``SAVE_EVERY`` cases and on Ctrl-C or SIGTERM, every mismatch with the seed and grammar
@@ -52,7 +52,7 @@ from examples.common import COUNT, NATURAL
 
 MODES = ("save", "auto", "recompute")
 # The grammars of ``random_model`` a run may draw from, each adding productions to the one before.
-GRAMMARS = ("rich", "users", "every")
+GRAMMARS = ("rich", "users", "every", "shared")
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
 # Cases between saves of the results file during a run.
 SAVE_EVERY = 20
@@ -169,7 +169,8 @@ def run_case(case: Case) -> tuple[str, int]:
     """Runs ``case``; returns the model's description and how many examples were compared with the
     reference. Raises on any mismatch or error."""
     level = GRAMMARS.index(case.grammar)
-    model = random_model(case.seed, n=6, rich=True, wide=case.wide, users=level >= 1, every=level >= 2)
+    model = random_model(case.seed, n=6, rich=True, wide=case.wide, users=level >= 1, every=level >= 2,
+                         shared=level >= 3)
     where = f"{model.text} ({case})"
     compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
     params = random_params(compiler, case.seed)

@@ -12,7 +12,10 @@ the blocks users wire models with: ``Composition`` (a value read twice, a consta
 ``FromTensor``), ``Metric`` (their references record the metrics' values too) and a layer
 written as users write their own (``Gate``). ``every`` models add four blocks no other production
 draws: ``Softmax`` (as attention weights), ``OneHotFromList``, ``Tensor`` of rank 2 and ``Void``
-(a branch whose value is dropped, but which still runs).
+(a branch whose value is dropped, but which still runs). ``shared`` models (with all of these) make
+their recursions ``Shared`` and their trees DAGs: a node may reuse a subtree grown before it in the
+same example; the reference expands the DAG into a tree, computing a reused subtree again, and
+records a metric once per distinct node, as fold does.
 """
 
 from __future__ import annotations
@@ -54,17 +57,19 @@ class RandomModel(NamedTuple):
 
 
 def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False, rich: bool = False,
-                 users: bool = False, every: bool = False) -> RandomModel:
+                 users: bool = False, every: bool = False, shared: bool = False) -> RandomModel:
     """A random model of at most ``depth`` nested productions and ``n`` examples for it.
 
     ``rich`` adds the productions over the rest of the blocks (``Zip``, ``ZipWith``,
     ``Broadcast``, ``NGrams``, ``Nth``, ``Slice``, ``Length``, ``Optional``, ``AllOf``,
     ``InputTransform``, ``Dropout``, ``Identity``, ``Min``), which the fuzzer uses; ``users`` adds
     ``Composition``, ``FromTensor``, ``Metric`` and a custom layer, and ``every`` (with both)
-    ``Softmax``, ``OneHotFromList``, ``Tensor`` and ``Void``. Without them a seed draws the model it
-    always drew (the benchmarks' seeds keep their models, a results file's seeds theirs)."""
-    grammar = _Grammar(np.random.default_rng(seed), wide, rich, users, every)
-    spec = grammar.expr(depth)
+    ``Softmax``, ``OneHotFromList``, ``Tensor`` and ``Void``, and ``shared`` (with all) DAG inputs to
+    ``Shared`` recursions. Without them a seed draws the model it always drew (the benchmarks' seeds
+    keep their models, a results file's seeds theirs)."""
+    grammar = _Grammar(np.random.default_rng(seed), wide, rich, users, every, shared)
+    # Every shared model is a recursion over DAGs (whatever its leaves hold).
+    spec = grammar.tree(depth - 1) if shared else grammar.expr(depth)
 
     def evaluate(params: dict, example: Any) -> tuple[jax.Array, dict[str, list]]:
         grammar.tape = {name: [] for name in grammar.metrics}
@@ -117,8 +122,9 @@ class Gate(fd.Layer):
 
 class _Grammar:
     def __init__(self, rng: np.random.Generator, wide: bool, rich: bool = False, users: bool = False,
-                 every: bool = False):
+                 every: bool = False, shared: bool = False):
         self.rng = rng
+        self.share = shared
         self.rich = rich
         self.users = users
         self.every = every
@@ -285,34 +291,52 @@ class _Grammar:
         pair, many = self.fc(2 * s, s), self.fc(s, s)
         reduce = bool(self.rng.random() < 0.5)
         combine = fd.Reduce(fd.Concat() >> fd.Function(pair)) if reduce else fd.Sum()
-        decl.resolve_to(fd.OneOf(lambda t: t[0], {
+        node = fd.OneOf(lambda t: t[0], {
             "leaf": fd.GetItem(1) >> leaf.block,
             "pair": fd.GetItem(1) >> fd.Record((decl(), decl())) >> fd.Concat() >> fd.Function(pair),
             "list": fd.GetItem(1) >> fd.Map(decl()) >> combine >> fd.Function(many),
-        }))
+        })
+        decl.resolve_to(fd.Shared(node) if self.share else node)
 
-        def go(p: dict, t: tuple) -> jax.Array:
+        def go(p: dict, t: tuple, seen: dict[int, tuple]) -> jax.Array:
+            # A metric inside records once per distinct node: a node met again repeats its work
+            # with the metrics' tape detached.
+            tape = self.tape
+            if self.share and id(t) in seen:
+                self.tape = None
+            try:
+                return node_value(p, t, seen)
+            finally:
+                self.tape = tape
+                seen[id(t)] = t
+
+        def node_value(p: dict, t: tuple, seen: dict[int, tuple]) -> jax.Array:
             if t[0] == "leaf":
                 return leaf.reference(p, t[1])
             if t[0] == "pair":
-                return fc_reference(pair, jnp.concatenate([go(p, t[1][0]), go(p, t[1][1])]), p)
-            kids = [go(p, k) for k in t[1]]
+                return fc_reference(pair, jnp.concatenate([go(p, t[1][0], seen), go(p, t[1][1], seen)]), p)
+            kids = [go(p, k, seen) for k in t[1]]
             pooled = halve(pair, kids, p) if reduce else jnp.sum(jnp.stack(kids), axis=0)
             return fc_reference(many, pooled, p)
 
-        def grow(leaves: int) -> tuple:
+        def grow(leaves: int, grown: list[tuple]) -> tuple:
+            if self.share and grown and self.rng.random() < 0.3:
+                return grown[int(self.rng.integers(len(grown)))]  # a subtree of this example, reached again
             if leaves <= 1:
-                return ("leaf", leaf.sample())
-            if self.rng.random() < 0.6:
+                t: tuple = ("leaf", leaf.sample())
+            elif self.rng.random() < 0.6:
                 r = int(self.rng.integers(1, leaves))
-                return ("pair", (grow(r), grow(leaves - r)))
-            k = int(self.rng.integers(1, min(leaves, 3) + 1))
-            cuts = np.sort(self.rng.choice(np.arange(1, leaves), size=k - 1, replace=False)) if k > 1 else []
-            sizes = np.diff(np.concatenate([[0], cuts, [leaves]])).tolist()
-            return ("list", [grow(int(m)) for m in sizes])
+                t = ("pair", (grow(r, grown), grow(leaves - r, grown)))
+            else:
+                k = int(self.rng.integers(1, min(leaves, 3) + 1))
+                cuts = np.sort(self.rng.choice(np.arange(1, leaves), size=k - 1, replace=False)) if k > 1 else []
+                sizes = np.diff(np.concatenate([[0], cuts, [leaves]])).tolist()
+                t = ("list", [grow(int(m), grown) for m in sizes])
+            grown.append(t)
+            return t
 
-        return Spec(decl(), s, go, lambda: grow(int(self.rng.integers(1, 7))),
-                    f"Tree({s}, leaf={leaf.text}, {'Reduce' if reduce else 'Sum'})")
+        return Spec(decl(), s, lambda p, t: go(p, t, {}), lambda: grow(int(self.rng.integers(1, 7)), []),
+                    f"{'Shared' if self.share else ''}Tree({s}, leaf={leaf.text}, {'Reduce' if reduce else 'Sum'})")
 
     # --------------------------------------------------- rich productions
     def _seq(self, sub: Spec, low: int = 0, high: int = 4) -> Callable[[], list]:

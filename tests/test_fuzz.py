@@ -266,3 +266,25 @@ def test_check_numerics_finds_nothing_in_random_models_on_finite_data(seed):
     nan = jax.tree.map(lambda x: np.full_like(x, np.nan), params)
     with pytest.raises(FloatingPointError, match=r"^example \d+: the output of .* is not finite"):
         compiler.check_numerics(nan, list(model.examples))
+
+
+def test_shared_models_match_and_a_broken_memo_is_caught(monkeypatch):
+    """Seed 14 of the ``shared`` grammar: a ``Shared`` recursion over DAGs whose leaves record a
+    metric. It matches its reference (which expands the DAGs); a memo that shares what it must
+    not (a key too coarse: all of an example's leaves one node) gives wrong values, and no memo
+    at all (every path computed) records the metric once per path, more entries than the
+    reference, which records once per node."""
+    from fold.blocks.sharing import Shared
+
+    case = Case.draw(14, "shared")
+    assert run_case(case)[1] == 6
+    key = Shared._memo_key
+    coarse = lambda self, x, ctx: key(self, x[0] if x[0] == "leaf" else x, ctx)  # noqa: E731
+    monkeypatch.setattr(Shared, "_memo_key", coarse)
+    with pytest.raises(AssertionError, match="Mismatched elements: 15 / 15"):
+        run_case(case)
+    monkeypatch.setattr(Shared, "_memo_key", key)
+    monkeypatch.setattr(Shared, "_host", lambda self, x, ctx: (yield self.block, x, "Shared"))
+    monkeypatch.setattr(Shared, "_emit", lambda self, em, x: em.emit(self.block, x))
+    with pytest.raises(AssertionError, match="m0"):
+        run_case(case)
