@@ -65,8 +65,10 @@ def make_data(rng: random.Random, n: int, max_depth: int) -> list[tuple[Any, flo
     return data
 
 
-def build_model(hidden: int) -> fd.Block:
-    """(expression, value) -> squared error ('loss') and absolute error ('abs_error')."""
+def build_model(hidden: int, shared: bool = False) -> fd.Block:
+    """(expression, value) -> squared error ('loss') and absolute error ('abs_error'). ``shared``
+    computes a sub-expression reached along several paths once (``fd.Shared``): expressions that
+    are DAGs (``examples/expression_dag.py``)."""
     expr = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType((hidden,)))
     number = fd.Scalar() >> fd.Function(lambda x: x[:, None] / 10.0) >> fd.FC(hidden, activation=jnp.tanh)
 
@@ -74,7 +76,8 @@ def build_model(hidden: int) -> fd.Block:
         return fd.Record([(1, expr()), (2, expr())]) >> fd.Concat() >> fd.FC(hidden, activation=jnp.tanh)
 
     cases = {"num": number, **{op: operator() for op in OPS}}
-    expr.resolve_to(fd.OneOf(lambda e: "num" if isinstance(e, int) else e[0], cases))
+    node = fd.OneOf(lambda e: "num" if isinstance(e, int) else e[0], cases)
+    expr.resolve_to(fd.Shared(node) if shared else node)
     predict = expr() >> fd.FC(1, activation=None) >> fd.Function(lambda y: y[:, 0] * SCALE)
     c = fd.Composition()
     with c.scope():

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-EXAMPLES = ["attention", "calculator", "quickstart", "sentence_decoder", "sentiment_pipeline", "tagger", "tree_decoder",
-            "tree_lstm_sst", "weave"]
+EXAMPLES = ["attention", "calculator", "expression_dag", "quickstart", "sentence_decoder", "sentiment_pipeline",
+            "tagger", "tree_decoder", "tree_lstm_sst", "weave"]
 
 
 def _parse(name: str, argv: list[str], monkeypatch) -> None:
@@ -48,6 +48,7 @@ BAD_FLAGS = [
 EXAMPLE_FLAGS = [
     ("attention", ["--t0", "10", "0"], "--t0: must be int >= 1, got 0"),
     ("calculator", ["--max-depth", "0"], "--max-depth: must be int >= 1, got 0"),
+    ("expression_dag", ["--max-steps", "0"], "--max-steps: must be int >= 1, got 0"),
     ("sentiment_pipeline", ["--state-size", "-4"], "--state-size: must be int >= 1, got -4"),
     ("tree_lstm_sst", ["--recurrent-dropout", "1"], "--recurrent-dropout: must be float in [0, 1), got 1"),
     ("tree_lstm_sst", ["--l2", "-0.1"], "--l2: must be float >= 0, got -0.1"),
