@@ -1,6 +1,7 @@
-"""The code of README.md, docs/quickstart.md and docs/blocks.md runs as written, block after block in one namespace
-(as a reader would paste it), and a block that documents an error (``# SomeError: message`` at its
-end) raises exactly that error. docs/errors.md is checked by test_errors_catalogue.py."""
+"""The code of README.md, docs/quickstart.md, docs/blocks.md and docs/sharing.md runs as written, block
+after block in one namespace (as a reader would paste it), and a block that documents an error
+(``# SomeError: message`` at its end) raises exactly that error. docs/errors.md is checked by
+test_errors_catalogue.py."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _shown(e: BaseException) -> tuple[str, str]:
     return name, " ".join(str(e.args[0] if isinstance(e, KeyError) else e).split())
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/quickstart.md", "docs/blocks.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/quickstart.md", "docs/blocks.md", "docs/sharing.md"])
 def test_the_page_runs_as_written(page):
     blocks = BLOCK.findall((ROOT / page).read_text())
     assert blocks, page

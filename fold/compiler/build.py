@@ -110,6 +110,9 @@ def _checked_tree(root_block: BlockLike, any_root: bool) -> tuple[Block, list[Bl
     for b in _all_blocks(root):
         if isinstance(b, ForwardDeclaration) and b.target is None:
             raise TypeError(f"{b!r} was never resolved: call resolve_to(block)")  # a TypeError, as in Fold
+        if isinstance(b, ForwardDeclaration) and (b is root or b._parent is not None):
+            raise TypeError(f"{b!r} is used as a block, but a declaration only names its target: put a use of it, "
+                            "decl(), where the model runs it (or the block it resolves to)")
         if isinstance(b, Composition):
             b._validate()
     blocks = _all_blocks(root)  # validating a composition can set types that reach more blocks

@@ -114,3 +114,17 @@ def test_vector_metric_sum_is_a_vector():
     m = compiler.apply({}, compiler.build_batch([[[1, 2], [3, 4]]])).metrics["v"]
     np.testing.assert_array_equal(np.asarray(m.sum()), [4, 6])
     np.testing.assert_array_equal(np.asarray(m.mean()), [2, 3])
+
+
+def test_a_declaration_used_as_a_block_is_a_clear_error():
+    # It used to fail while the batch was built: "ForwardDeclaration defines no host walk".
+    decl = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    decl.resolve_to(fd.Scalar())
+    with pytest.raises(TypeError, match=r"ForwardDeclaration is used as a block.*put a use of it, decl\(\)"):
+        fd.Compiler.create(decl)
+    other = fd.ForwardDeclaration(fd.PyObjectType(), fd.TensorType(()))
+    other.resolve_to(fd.Scalar())
+    with pytest.raises(TypeError, match="ForwardDeclaration is used as a block"):
+        fd.Compiler.create(fd.Map(other) >> fd.Sum())
+    compiler = fd.Compiler.create(fd.Map(decl()) >> fd.Sum())
+    assert compiler.apply({}, compiler.build_batch([[1.0, 2.0]])).outputs.tolist() == [3.0]
