@@ -53,6 +53,8 @@ from examples.common import COUNT, NATURAL
 MODES = ("save", "auto", "recompute")
 # The grammars of ``random_model`` a run may draw from, each adding productions to the one before.
 GRAMMARS = ("rich", "users", "every", "shared")
+# What a new run draws from: ``shared`` models all recurse over DAGs, so the broadest is ``every``.
+DEFAULT_GRAMMAR = "every"
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
 # Cases between saves of the results file during a run.
 SAVE_EVERY = 20
@@ -269,11 +271,12 @@ def main() -> None:
                         "adding to its counts")
     p.add_argument("--grammar", choices=GRAMMARS, default=None,
                    help="'users' adds Composition, Metric, FromTensor and a custom layer to 'rich', 'every' "
-                        "Softmax, OneHotFromList, Tensor and Void to 'users' (default: the resumed file's last "
-                        "part's, else 'every')")
+                        "Softmax, OneHotFromList, Tensor and Void to 'users'; 'shared' makes every model a Shared "
+                        "recursion over DAG inputs, leaves from 'every' (default: the resumed file's last part's, "
+                        "else 'every')")
     args = p.parse_args()
     if args.case is not None:
-        case = Case.draw(args.case, args.grammar or GRAMMARS[-1])
+        case = Case.draw(args.case, args.grammar or DEFAULT_GRAMMAR)
         print(case)
         text, compared = run_case(case)
         print(f"{text}\nok: {compared} examples match the reference")
@@ -282,7 +285,7 @@ def main() -> None:
     state = _load(path) if args.resume else {"first_seed": args.first_seed, "cases_run": 0, "seconds": 0.0,
                                              "case_seconds": 0.0, "block_counts": {}, "mode_counts": {},
                                              "failed_cases": [], "fixed_cases": [], "parts": []}
-    grammar = args.grammar or (state["parts"][-1]["grammar"] if state["parts"] else GRAMMARS[-1])
+    grammar = args.grammar or (state["parts"][-1]["grammar"] if state["parts"] else DEFAULT_GRAMMAR)
     first, earlier = state["first_seed"], state["cases_run"]
     if earlier >= args.cases:
         raise SystemExit(f"{path} already holds {earlier} cases (seeds {first}-{first + earlier - 1}); "
