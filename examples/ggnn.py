@@ -176,7 +176,7 @@ def per_node(compiler: fd.Compiler, params: dict, graphs: list[Graph]) -> tuple[
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train-size", type=COUNT, default=4_000, help="training graphs")
+    p.add_argument("--train-size", type=COUNT, default=2_000, help="training graphs")
     p.add_argument("--test-size", type=COUNT, default=500, help="test graphs")
     p.add_argument("--dev-size", type=COUNT, default=300, help="dev graphs (they pick the best epoch)")
     p.add_argument("--min-nodes", type=COUNT, default=10, help="fewest nodes in a graph")
@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="random edges added to the spanning tree, per node (each closes a cycle)")
     p.add_argument("--rounds", type=COUNT, default=4, help="rounds of message passing")
     p.add_argument("--hidden", type=COUNT, default=32, help="node state size")
-    add_training_flags(p, "ggnn", epochs=15, batch_size=32, learning_rate=3e-3)
+    add_training_flags(p, "ggnn", epochs=10, batch_size=32, learning_rate=3e-3)
     args = p.parse_args(argv)
     if args.min_nodes > args.max_nodes:
         p.error(f"need --min-nodes <= --max-nodes, got {args.min_nodes} and {args.max_nodes}")
