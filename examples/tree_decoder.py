@@ -94,6 +94,55 @@ def sentence(tree: Any, words: list[str]) -> str:
     return words[tree]
 
 
+def tree_layout(tree: Any) -> tuple[list[tuple[float, float, int | None]], list[tuple[int, int]]]:
+    """Where to draw a tree's nodes: ``(x, y, word id or None)`` per node (leaves at ``x`` = 0, 1,
+    ... left to right on ``y`` = -depth, a pair centred over its children) and the edges as
+    ``(parent, child)`` node indices. Iterative, so a deep generated tree draws too."""
+    nodes: list[tuple[float, float, int | None]] = []
+    edges: list[tuple[int, int]] = []
+    leaves = 0
+    # (subtree or, once its children are placed, a pair's index; depth; parent index; placed?)
+    stack: list[tuple[Any, int, int | None, bool]] = [(tree, 0, None, False)]
+    pending: dict[int, list[int]] = {}
+    while stack:
+        t, depth, parent, done = stack.pop()
+        if done:  # ``t`` is a pair's index: its children are placed
+            kids = pending.pop(t)
+            nodes[t] = (sum(nodes[k][0] for k in kids) / len(kids), nodes[t][1], None)
+        elif not isinstance(t, tuple):
+            nodes.append((float(leaves), -float(depth), int(t)))
+            leaves += 1
+            if parent is not None:
+                edges.append((parent, len(nodes) - 1))
+                pending[parent].append(len(nodes) - 1)
+        else:
+            me = len(nodes)
+            nodes.append((0.0, -float(depth), None))
+            pending[me] = []
+            if parent is not None:
+                edges.append((parent, me))
+                pending[parent].append(me)
+            stack.append((me, depth, parent, True))  # placed once its children are
+            stack.extend((child, depth + 1, me, False) for child in reversed(t))
+    return nodes, edges
+
+
+def draw_tree(ax: Any, tree: Any, words: list[str], title: str = "") -> None:
+    """Draws a generated tree on matplotlib axes ``ax``: edges, a dot per pair, each leaf's word."""
+    nodes, edges = tree_layout(tree)
+    for a, b in edges:
+        ax.plot([nodes[a][0], nodes[b][0]], [nodes[a][1], nodes[b][1]], color="0.6", linewidth=0.8, zorder=1)
+    pairs = [(x, y) for x, y, w in nodes if w is None]
+    if pairs:
+        ax.scatter(*zip(*pairs), s=8, color="0.3", zorder=2)
+    for x, y, w in nodes:
+        if w is not None:
+            ax.text(x, y - 0.15, words[w], rotation=90, ha="center", va="top", fontsize=7)
+    ax.set_title(title, fontsize=9)
+    ax.set_axis_off()
+    ax.margins(0.05, 0.25)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = sst.argument_parser(__doc__.splitlines()[0])
     p.add_argument("--hidden", type=COUNT, default=128, help="LSTM units")

@@ -3,8 +3,8 @@
 Each test clears the stored outputs, executes the notebook and checks what it prints; it also
 checks that the stored copy was executed top to bottom as it stands (every code cell has
 outputs or runs silently in the fresh run too, in order) and has its picture.
-Refresh the stored outputs with ``python -m tests.examples.test_notebooks`` (the sentiment
-notebook trains on the full treebank: set ``FOLD_SST_DIR``).
+Refresh the stored outputs with ``python -m tests.examples.test_notebooks`` (the sentiment and
+tree decoder notebooks train on the full treebank: set ``FOLD_SST_DIR``).
 """
 
 from __future__ import annotations
@@ -77,6 +77,19 @@ def test_sentiment_notebook_on_the_sst_sample(monkeypatch):
         assert len(values) == 3 and all(0.0 <= v <= 1.0 for v in values)
 
 
+@pytest.mark.slow
+def test_tree_decoder_notebook_on_the_sst_sample(monkeypatch):
+    monkeypatch.setenv("FOLD_NOTEBOOK_QUICK", "1")
+    nb, text = _run("tree_decoder.ipynb")
+    assert "640 training trees, 100 dev" in text
+    losses = [float(line.split()[3]) for line in text.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 2 and losses[-1] < losses[0]
+    generated = [line for line in text.splitlines() if re.match(r"\[\d\] +\d+ nodes", line)]
+    assert len(generated) == 20
+    assert len(_figures(nb)) == 2, "generated trees drawn, sizes against the dev trees"
+    assert re.search(r"loss per decision: dev trees \d+\.\d+, generated trees \d+\.\d+", text)
+
+
 def _setup_cells(name: str, cwd: pathlib.Path, extra: str) -> str:
     """Runs a notebook's first two code cells (imports, paths, data) and ``extra`` in a kernel
     started in ``cwd``; returns what they print."""
@@ -119,7 +132,7 @@ def refresh(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    names = sys.argv[1:] or ["quick_start.ipynb", "sentiment.ipynb"]
-    if "sentiment.ipynb" in names and not os.environ.get("FOLD_SST_DIR"):
-        sys.exit("set FOLD_SST_DIR to the full treebank's folder (the sentiment notebook trains on it)")
+    names = sys.argv[1:] or ["quick_start.ipynb", "sentiment.ipynb", "tree_decoder.ipynb"]
+    if {"sentiment.ipynb", "tree_decoder.ipynb"} & set(names) and not os.environ.get("FOLD_SST_DIR"):
+        sys.exit("set FOLD_SST_DIR to the full treebank's folder (the SST notebooks train on it)")
     refresh(names)

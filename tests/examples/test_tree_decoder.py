@@ -78,3 +78,17 @@ def test_quick_run_trains_and_generates(tmp_path):
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert report["generated_mean_nodes"] >= 1 and 0 <= report["generated_truncated"] <= 1
     assert len(report["examples"]) == 5 and np.isfinite(report["generated_loss"])
+
+
+def test_tree_layout_puts_leaves_in_order_and_pairs_over_their_children():
+    from examples.tree_decoder import tree_layout
+
+    nodes, edges = tree_layout(((1, 2), 3))
+    assert nodes == [(1.25, 0.0, None), (0.5, -1.0, None), (0.0, -2.0, 1), (1.0, -2.0, 2), (2.0, -1.0, 3)]
+    assert edges == [(0, 1), (1, 2), (1, 3), (0, 4)]
+    assert tree_layout(7) == ([(0.0, 0.0, 7)], [])
+    deep = 0
+    for _ in range(5000):  # deeper than Python's recursion limit
+        deep = (deep, 1)
+    nodes, edges = tree_layout(deep)
+    assert len(nodes) == 10001 and len(edges) == 10000 and min(y for _, y, _ in nodes) == -5000.0
