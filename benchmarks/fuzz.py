@@ -10,7 +10,8 @@ with the reference, which evaluates one example at a time in plain ``jax.numpy``
 with the scheduler or the executor. An exception is a failure too. A results file records each
 part's grammar (``GRAMMARS``: ``rich`` lacks ``Composition``, ``Metric``, constants and custom
 layers, ``users`` lacks ``Softmax``, ``OneHotFromList``, rank-2 ``Tensor`` and ``Void``, ``every``
-lacks ``Shared`` recursions over DAG inputs; parts from before grammars were recorded are ``rich``)
+lacks ``Shared`` recursions over DAG inputs and generation blocks, which ``shared`` and
+``decoders`` add; parts from before grammars were recorded are ``rich``)
 and its failed cases theirs: ``--resume`` keeps the last part's unless ``--grammar`` says
 otherwise, and a failed case runs again with its own, so that a seed always draws the model it drew.
 
@@ -51,8 +52,9 @@ from benchmarks.random_models import RandomModel, random_model
 from examples.common import COUNT, NATURAL
 
 MODES = ("save", "auto", "recompute")
-# The grammars of ``random_model`` a run may draw from, each adding productions to the one before.
-GRAMMARS = ("rich", "users", "every", "shared")
+# The grammars of ``random_model`` a run may draw from: each of the first three adds productions to
+# the one before, ``shared`` and ``decoders`` each add theirs to ``every``.
+GRAMMARS = ("rich", "users", "every", "shared", "decoders")
 # What a new run draws from: ``shared`` models all recurse over DAGs, so the broadest is ``every``.
 DEFAULT_GRAMMAR = "every"
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
@@ -171,8 +173,9 @@ def run_case(case: Case) -> tuple[str, int]:
     """Runs ``case``; returns the model's description and how many examples were compared with the
     reference. Raises on any mismatch or error."""
     level = GRAMMARS.index(case.grammar)
+    # ``shared`` and ``decoders`` each add to ``every``, not to each other.
     model = random_model(case.seed, n=6, rich=True, wide=case.wide, users=level >= 1, every=level >= 2,
-                         shared=level >= 3)
+                         shared=case.grammar == "shared", decoders=case.grammar == "decoders")
     where = f"{model.text} ({case})"
     compiler = fd.Compiler.create(model.block, backward=case.backward, chunk_size=case.chunk)
     params = random_params(compiler, case.seed)
@@ -272,8 +275,9 @@ def main() -> None:
     p.add_argument("--grammar", choices=GRAMMARS, default=None,
                    help="'users' adds Composition, Metric, FromTensor and a custom layer to 'rich', 'every' "
                         "Softmax, OneHotFromList, Tensor and Void to 'users'; 'shared' makes every model a Shared "
-                        "recursion over DAG inputs, leaves from 'every' (default: the resumed file's last part's, "
-                        "else 'every')")
+                        "recursion over DAG inputs, leaves from 'every'; 'decoders' makes every model a sequence or "
+                        "tree decoder scoring a known structure, start states from 'every' (default: the resumed "
+                        "file's last part's, else 'every')")
     args = p.parse_args()
     if args.case is not None:
         case = Case.draw(args.case, args.grammar or DEFAULT_GRAMMAR)

@@ -15,7 +15,11 @@ draws: ``Softmax`` (as attention weights), ``OneHotFromList``, ``Tensor`` of ran
 (a branch whose value is dropped, but which still runs). ``shared`` models (with all of these) make
 their recursions ``Shared`` and their trees DAGs: a node may reuse a subtree grown before it in the
 same example; the reference expands the DAG into a tree, computing a reused subtree again, and
-records a metric once per distinct node, as fold does.
+records a metric once per distinct node, as fold does. ``decoders`` models add the generation
+blocks in a static model (teacher forcing): a ``SequenceDecoder`` scoring a token list, or a
+``TreeDecoder`` scoring a tree, from a start state drawn from the grammar, their parts layers
+drawn as the grammar's are (shared between places); the reference scores each decision one
+example at a time. (``benchmarks/random_decoders.py`` checks what ``fd.Generator`` generates.)
 """
 
 from __future__ import annotations
@@ -57,19 +61,27 @@ class RandomModel(NamedTuple):
 
 
 def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False, rich: bool = False,
-                 users: bool = False, every: bool = False, shared: bool = False) -> RandomModel:
+                 users: bool = False, every: bool = False, shared: bool = False,
+                 decoders: bool = False) -> RandomModel:
     """A random model of at most ``depth`` nested productions and ``n`` examples for it.
 
     ``rich`` adds the productions over the rest of the blocks (``Zip``, ``ZipWith``,
     ``Broadcast``, ``NGrams``, ``Nth``, ``Slice``, ``Length``, ``Optional``, ``AllOf``,
     ``InputTransform``, ``Dropout``, ``Identity``, ``Min``), which the fuzzer uses; ``users`` adds
     ``Composition``, ``FromTensor``, ``Metric`` and a custom layer, and ``every`` (with both)
-    ``Softmax``, ``OneHotFromList``, ``Tensor`` and ``Void``, and ``shared`` (with all) DAG inputs to
-    ``Shared`` recursions. Without them a seed draws the model it always drew (the benchmarks' seeds
+    ``Softmax``, ``OneHotFromList``, ``Tensor`` and ``Void``, ``shared`` (with all) DAG inputs to
+    ``Shared`` recursions, and ``decoders`` (with all) generation blocks scoring known structures.
+    Without them a seed draws the model it always drew (the benchmarks' seeds
     keep their models, a results file's seeds theirs)."""
-    grammar = _Grammar(np.random.default_rng(seed), wide, rich, users, every, shared)
-    # Every shared model is a recursion over DAGs (whatever its leaves hold).
-    spec = grammar.tree(depth - 1) if shared else grammar.expr(depth)
+    grammar = _Grammar(np.random.default_rng(seed), wide, rich, users, every, shared, decoders)
+    # Every shared model is a recursion over DAGs, every decoders model a decoder (whatever their
+    # leaves and start states hold).
+    if shared:
+        spec = grammar.tree(depth - 1)
+    elif decoders:
+        spec = grammar.pick((grammar.decoded_sequence, grammar.decoded_tree))(depth - 1)
+    else:
+        spec = grammar.expr(depth)
 
     def evaluate(params: dict, example: Any) -> tuple[jax.Array, dict[str, list]]:
         grammar.tape = {name: [] for name in grammar.metrics}
@@ -120,11 +132,17 @@ class Gate(fd.Layer):
         return g * jnp.tanh(a @ params["proj"]["a"]) + (1 - g) * (b @ params["proj"]["b"])
 
 
+def _column() -> fd.Block:
+    """A scalar as a width-1 vector."""
+    return fd.Function(lambda x: x[:, None])
+
+
 class _Grammar:
     def __init__(self, rng: np.random.Generator, wide: bool, rich: bool = False, users: bool = False,
-                 every: bool = False, shared: bool = False):
+                 every: bool = False, shared: bool = False, decoders: bool = False):
         self.rng = rng
         self.share = shared
+        self.decoders = decoders
         self.rich = rich
         self.users = users
         self.every = every
@@ -166,6 +184,8 @@ class _Grammar:
         if self.every:
             leaves += [self.listed, self.matrix]
             inner += [self.attention, self.voided]
+        if self.decoders:
+            inner += [self.decoded_sequence, self.decoded_tree]
         spec = self.pick(leaves)() if depth <= 0 else self.pick(inner)(depth - 1)
         return spec if width is None or spec.width == width else self.adapt(spec, width)
 
@@ -538,6 +558,60 @@ class _Grammar:
             return jnp.sum(ys * jax.nn.softmax(ys, axis=0), axis=0)
 
         return Spec(block, sub.width, reference, self._seq(sub), f"Map({sub.text})>>Softmax-weighted Sum")
+
+    def decoded_sequence(self, depth: int) -> Spec:
+        """A ``SequenceDecoder`` scoring a token list from a start state (teacher forcing); its
+        output is the summed log-probability."""
+        w, vocab, e = self.pick((2, 3, 4)), int(self.rng.integers(2, 6)), int(self.rng.integers(1, 4))
+        end = int(self.rng.integers(vocab))
+        start, emb = self.expr(depth, w), fd.Embedding(vocab, e)
+        cell, out = self.fc(w + e, w), self.fc(w, vocab)
+        step = fd.Record((fd.Identity(), emb)) >> fd.Concat() >> fd.Function(cell)
+        decoder = fd.SequenceDecoder(step, fd.Function(out), end_token=end, max_length=8)
+        block = fd.Record((start.block, fd.Map(fd.Scalar("int32")))) >> decoder >> fd.Sum() >> _column()
+
+        def reference(p: dict, x: tuple) -> jax.Array:
+            s, total = start.reference(p, x[0]), jnp.zeros((), jnp.float32)
+            for i, token in enumerate([*x[1], end]):
+                total = total + jax.nn.log_softmax(fc_reference(out, s, p))[token]
+                if i < len(x[1]):
+                    s = fc_reference(cell, jnp.concatenate([s, p[emb.name]["table"][token]]), p)
+            return total[None]
+
+        def sample() -> tuple:
+            return start.sample(), [int(self.rng.integers(vocab)) for _ in range(self.length(0, 4))]
+
+        return Spec(block, 1, reference, sample, f"SequenceDecoder({start.text}, vocab={vocab}, end={end})")
+
+    def decoded_tree(self, depth: int) -> Spec:
+        """A ``TreeDecoder`` scoring a tree (labels at its leaves) from a start state; its output is
+        the summed log-probability of every decision."""
+        w, labels = self.pick((2, 3, 4)), int(self.rng.integers(2, 5))
+        arities = (0, 2) if self.rng.random() < 0.5 else (0, 1, 2)
+        start = self.expr(depth, w)
+        child, arity, label = self.fc(2 * w, w), self.fc(w, len(arities)), self.fc(w, labels)
+        decoder = fd.TreeDecoder(fd.Concat() >> fd.Function(child), fd.Function(arity), fd.Function(label),
+                                 arities=arities, max_levels=4, max_nodes=15)
+        block = fd.Record((start.block, fd.Identity())) >> decoder >> fd.Sum() >> _column()
+
+        def score(p: dict, t: Any, s: jax.Array) -> jax.Array:
+            kids = t if isinstance(t, tuple) else ()
+            total = jax.nn.log_softmax(fc_reference(arity, s, p))[arities.index(len(kids))]
+            if not kids:
+                return total + jax.nn.log_softmax(fc_reference(label, s, p))[t]
+            sibling = jnp.zeros_like(s)
+            for kid in kids:
+                sibling = fc_reference(child, jnp.concatenate([s, sibling]), p)
+                total = total + score(p, kid, sibling)
+            return total
+
+        def grow(levels: int) -> Any:
+            k = 0 if levels == 0 else arities[int(self.rng.integers(len(arities)))]
+            return int(self.rng.integers(labels)) if k == 0 else tuple(grow(levels - 1) for _ in range(k))
+
+        return Spec(block, 1, lambda p, x: score(p, x[1], start.reference(p, x[0]))[None],
+                    lambda: (start.sample(), grow(int(self.rng.integers(0, 4)))),
+                    f"TreeDecoder({start.text}, arities={arities}, labels={labels})")
 
     def voided(self, depth: int) -> Spec:
         """``AllOf`` of two branches, the second ending in ``Void``: only the first's value is

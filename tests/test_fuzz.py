@@ -288,3 +288,44 @@ def test_shared_models_match_and_a_broken_memo_is_caught(monkeypatch):
     monkeypatch.setattr(Shared, "_emit", lambda self, em, x: em.emit(self.block, x))
     with pytest.raises(AssertionError, match="m0"):
         run_case(case)
+
+
+@pytest.mark.slow
+def test_decoder_models_match_and_a_wrong_score_is_caught(monkeypatch):
+    """The ``decoders`` grammar: every model a sequence or tree decoder scoring a known structure
+    (teacher forcing) from a start state drawn from ``every``. Seeds 1 (a sequence decoder) and 0
+    (a tree decoder) match their references; a sequence decoder that leaves out the end token's
+    log-probability, or a tree decoder that feeds each child its parent's state instead of its
+    previous sibling's, is caught."""
+    from fold.generation.sequence import SequenceDecoder
+    from fold.generation.tree import TreeDecoder
+
+    sequence, tree = Case.draw(1, "decoders"), Case.draw(0, "decoders")
+    assert run_case(sequence)[0].startswith("SequenceDecoder") and run_case(tree)[0].startswith("TreeDecoder")
+    host = SequenceDecoder._host
+
+    def no_end(self, x, ctx):
+        scores = yield from host(self, x, ctx)
+        return scores[:-1]
+
+    monkeypatch.setattr(SequenceDecoder, "_host", no_end)
+    with pytest.raises(AssertionError, match="SequenceDecoder"):
+        run_case(sequence)
+    monkeypatch.setattr(SequenceDecoder, "_host", host)
+    tree_host = TreeDecoder._host
+
+    def parent_as_sibling(self, x, ctx):
+        walk = tree_host(self, x, ctx)
+        request = next(walk)
+        try:
+            while True:
+                child, arg, label = request
+                if child is self.child:
+                    arg = (arg[0], arg[0])
+                request = walk.send((yield child, arg, label))
+        except StopIteration as stop:
+            return stop.value
+
+    monkeypatch.setattr(TreeDecoder, "_host", parent_as_sibling)
+    with pytest.raises(AssertionError, match="TreeDecoder"):
+        run_case(tree)

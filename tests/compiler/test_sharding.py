@@ -77,6 +77,7 @@ def test_four_devices_train_as_one():
     _check(report)
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_device():
     """Each process builds its own examples' share on its two devices; they agree on one layout."""
     port = str(_free_port())
