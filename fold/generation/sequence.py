@@ -54,6 +54,10 @@ class Generated(NamedTuple):
     """``[examples]``: whether the end was emitted; False where ``max_length`` cut the sequence."""
     log_prob: jax.Array
     """``[examples]``: log-probability of the tokens, and of the end where it was emitted."""
+    states: PyTree
+    """The state structure with arrays ``[examples, max_length + 1, ...]``: entry ``t`` is the
+    state token ``t`` was chosen from (entry 0 the start state); past the last choice (the end,
+    or ``max_length``) each repeats the final state."""
 
     def sequences(self) -> list[list[int]]:
         """Per example, its tokens as a Python list (check ``ended`` for ones cut at ``max_length``)."""
@@ -61,8 +65,9 @@ class Generated(NamedTuple):
         return [row[:n].tolist() for row, n in zip(tokens, lengths)]
 
 
-_Carry = tuple[jax.Array, PyTree, jax.Array, jax.Array, jax.Array, jax.Array]
-"""The generation loop's state: step, states, ended, tokens, lengths, log-probabilities."""
+_Carry = tuple[jax.Array, PyTree, jax.Array, jax.Array, jax.Array, jax.Array, PyTree]
+"""The generation loop's state: step, states, ended, tokens, lengths, log-probabilities, and every
+step's states so far."""
 
 
 class SequenceDecoder(Decoder):
@@ -168,7 +173,7 @@ class SequenceDecoder(Decoder):
         row_ids = jnp.arange(rows)
 
         def body(carry: _Carry) -> _Carry:
-            t, state, done, tokens, lengths, logp = carry
+            t, state, done, tokens, lengths, logp, history = carry
             logits = readout(params, state)
             tok = choose(logits, key, row_ids, jnp.broadcast_to(t, (rows,)), 0).astype(token_type.dtype)
             active = ~done
@@ -178,14 +183,22 @@ class SequenceDecoder(Decoder):
             nxt = step(params, (state, tok))
             state = jax.tree_util.tree_map(
                 lambda new, old: jnp.where(emits.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), nxt, state)
-            return t + 1, state, done | (active & ~emits), tokens, lengths + emits, logp
+            history = jax.tree_util.tree_map(lambda h, x: h.at[:, t + 1].set(x), history, state)
+            return t + 1, state, done | (active & ~emits), tokens, lengths + emits, logp, history
 
         def cond(carry: _Carry) -> jax.Array:
             t, _, done, *_ = carry
             return jnp.logical_and(t < self.max_length, ~jnp.all(done))
 
         logits_dtype = jax.eval_shape(lambda s: readout(params, s), start).dtype
+        # Every step's state, the start state in all of them until the loop writes them: a loop
+        # that stops early (every example ended) leaves the final state repeated after it.
+        history = jax.tree_util.tree_map(
+            lambda a: jnp.broadcast_to(a[:, None], (rows, self.max_length + 1, *a.shape[1:])), start)
         carry = (jnp.int32(0), start, examples <= row_ids, jnp.full((rows, self.max_length), -1, token_type.dtype),
-                 jnp.zeros(rows, jnp.int32), jnp.zeros(rows, logits_dtype))
-        _, _, done, tokens, lengths, logp = lax.while_loop(cond, body, carry)
-        return Generated(tokens, lengths, done, logp)
+                 jnp.zeros(rows, jnp.int32), jnp.zeros(rows, logits_dtype), history)
+        t, final, done, tokens, lengths, logp, history = lax.while_loop(cond, body, carry)
+        after = jnp.arange(self.max_length + 1) > t  # never written: the loop stopped before
+        history = jax.tree_util.tree_map(
+            lambda h, x: jnp.where(after.reshape((1, -1) + (1,) * (x.ndim - 1)), x[:, None], h), history, final)
+        return Generated(tokens, lengths, done, logp, history)

@@ -60,6 +60,15 @@ def test_batched_generation_equals_one_example_at_a_time(sampled):
     np.testing.assert_allclose(out.log_prob, [logp for _, _, logp in want], rtol=1e-5, atol=1e-5)
     tokens = np.asarray(out.tokens)
     assert tokens.shape == (11, 12) and all((row[n:] == -1).all() for row, n in zip(tokens, out.lengths))
+    # Each step's state: the start, then one per token, the last repeated to max_length + 1.
+    assert out.states.shape == (11, 13, H)
+    for b, (start, (seq, _, _)) in enumerate(zip(starts, want)):
+        states = [jnp.asarray(start)]
+        for y in seq:
+            states.append(jnp.tanh(jnp.concatenate([states[-1], params["emb"]["table"][y]]) @ params["cell"]["w"]
+                                   + params["cell"]["b"]))
+        states += [states[-1]] * (13 - len(states))
+        np.testing.assert_allclose(out.states[b], np.stack(states), rtol=1e-5, atol=1e-5)
     if not sampled:  # greedy decoding is deterministic; sampling is not: both ran and differ somewhere
         assert out.sequences() != generator.generate(params, starts, jax.random.key(7)).sequences()
 
