@@ -7,7 +7,7 @@ children (a linear layer on ``h``), and every leaf its label among ``--labels`` 
 are greedy from random start states, bounded by ``--max-levels`` and ``--max-nodes``.
 
 - fold: ``fd.Generator`` on a ``fd.TreeDecoder``: every example's tree grown at once in one
-  jitted ``while_loop`` (``generate``, rows padded to a power of two).
+  jitted ``while_loop`` (``generate``, rows padded to a power of two: batch 64 runs on 64 rows).
 - JAX per example: the same decoder one node at a time, Python recursion (a queue) on the host:
   one jitted call for a node's decisions and one for each child's state, the choice read back
   to the host after each node (as a per-example loop does).

@@ -3,8 +3,10 @@
 The decoder's parts become functions of batched arrays (``fold/generation/device.py``); its
 ``decode`` then decides every example's structure together in one ``lax.while_loop``, with no
 host round trip per token or node: it runs under ``jit`` on CPU, GPU and TPU alike.
-``generate`` pads the rows to a power of two (at least ``MIN_ROWS``) before the jitted loop, so a
-stream of batches of any sizes compiles once per power of two.
+``generate`` pads the rows to a row count it has compiled for when one is at most ``REUSE`` times
+the power of two the batch needs, else to that power of two (at least ``MIN_ROWS``): a stream of
+batches of any sizes compiles at most once per power of two, and far fewer times when sizes vary
+(a size serves every batch down to a ``REUSE``-th of it).
 
 Examples:
     >>> import fold as fd, jax, jax.numpy as jnp
@@ -32,10 +34,13 @@ from fold.generation.tree import TreeDecoder
 from fold.scheduler.schedule import next_pow2
 from fold.typing import Params, PyTree
 
-__all__ = ["Generator", "MIN_ROWS"]
+__all__ = ["Generator", "MIN_ROWS", "REUSE"]
 
 # The fewest rows a generation runs: smaller batches pad to it, so batches of 1 to 8 share a compilation.
 MIN_ROWS = 8
+# A compiled row count serves a batch whose power of two is at least a REUSE-th of it: padded rows
+# cost compute (each loop iteration computes every row), a new compilation seconds.
+REUSE = 4
 
 
 def _type_of(start: PyTree) -> Type:
@@ -67,6 +72,16 @@ class Generator:
         if decoder.state_type is not None:
             self._functions()  # errors in the blocks surface here, not at the first generate
         self._generate = jax.jit(self._decode)
+        self._row_counts: list[int] = []  # the row counts ``generate`` compiled for, ascending
+
+    def _row_count(self, rows: int) -> int:
+        """The rows ``generate`` runs ``rows`` examples on (see ``generate``)."""
+        need = max(MIN_ROWS, next_pow2(rows))
+        fits = [n for n in self._row_counts if need <= n <= REUSE * need]
+        if fits:
+            return fits[0]
+        self._row_counts = sorted([*self._row_counts, need])
+        return need
 
     def _set_state_type(self, state: Type) -> None:
         d = self.decoder
@@ -104,9 +119,10 @@ class Generator:
         return self.decoder.decode(self._functions(), params, start, key, jnp.asarray(examples, jnp.int32))
 
     def generate(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Generation:
-        """``apply``, jitted, its rows padded to a power of two (at least ``MIN_ROWS``): batches of any
-        sizes compile once per power of two. The padded rows repeat the first example, generate
-        nothing and are dropped from the result."""
+        """``apply``, jitted, its rows padded to a row count compiled before if one is at most
+        ``REUSE`` times the power of two they need (at least ``MIN_ROWS``), else to that power of
+        two: batches of any sizes compile at most once per power of two. The padded rows repeat
+        the first example, generate nothing and are dropped from the result."""
         if key is not None and not is_key(key):
             raise TypeError(f"generate's key must be a PRNG key such as jax.random.key(0) or None, got {key!r}")
         leaves = jax.tree_util.tree_leaves(start)
@@ -116,7 +132,7 @@ class Generator:
         if rows == 0 or any(leaf.shape[:1] != (rows,) for leaf in leaves):
             raise ValueError(f"generate: every array of the start state needs the same, non-zero number of rows; "
                              f"got {[tuple(leaf.shape) for leaf in leaves]}")
-        padded = max(MIN_ROWS, next_pow2(rows))
+        padded = self._row_count(rows)
         start = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], padded - rows, 0)]), start)
         out: Generation = self._generate(params, start, key, rows)
         return type(out)(*jax.tree_util.tree_map(lambda a: a[:rows], tuple(out)))

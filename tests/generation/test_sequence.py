@@ -135,14 +135,20 @@ def test_max_length_cuts_a_sequence_and_flags_it():
     np.testing.assert_allclose(out.log_prob, [logp for _, _, logp in want], rtol=1e-5, atol=1e-5)
 
 
-def test_batches_of_any_size_compile_once_per_power_of_two():
+def test_batches_of_any_size_compile_a_few_times():
     generator = fd.Generator(_decoder(max_length=5), state_type=fd.TensorType((H,)))
     params = generator.init(jax.random.key(0))
     for n in (1, 3, 8, 9, 16, 17, 30, 2, 32):
         out = generator.generate(params, _starts(n, seed=n), None)
         assert out.tokens.shape == (n, 5)
         assert out.sequences() == [_reference(params, s, 5)[0] for s in _starts(n, seed=n)]
-    assert generator._generate._cache_size() == 3  # 8, 16 and 32 rows
+    # 8 rows, then 16 (nothing compiled fits 9 to 16), then 9 to 32 run on 16 or 32 (a size serves
+    # batches down to a quarter of it), and 1 to 8 on 8.
+    assert generator._row_counts == [8, 16, 32] and generator._generate._cache_size() == 3
+    # A stream of random sizes from 1 to 256, as a last partial batch or a varying one makes.
+    sizes = np.random.default_rng(0).integers(1, 257, 40)
+    assert [generator._row_count(int(n)) >= n for n in sizes] == [True] * 40
+    assert generator._row_counts == [8, 16, 32, 256]
     # Padding rows generate nothing: they start as ended.
     padded = generator._decode(params, _starts(8), None, 3)
     assert padded.lengths[3:].tolist() == [0] * 5 and padded.ended[3:].all()
