@@ -32,6 +32,7 @@ See ``docs/design.md``. In short:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -66,8 +67,14 @@ _Vjp = Callable[[list[jax.Array | np.ndarray]], tuple[PyTree, ...]]
 _Run = Callable[[Params, Arenas, BatchArrays, "jax.Array | None"], Arenas]
 """A layout's whole run (``Executor._make_run``): hoisted groups, the loop and tail groups."""
 
-_Stage = tuple[str, tuple[int, ...], tuple[int, ...], int, int]
-"""Hoisted or tail groups as ``_groups`` takes them: which, operations, sizes, C and key stream."""
+class _Stage(NamedTuple):
+    """Hoisted or tail groups, as ``_groups`` takes them."""
+
+    which: str                  # the ``BatchArrays`` field of their rows: "hoist" or "tail"
+    ops: tuple[int, ...]        # each group's operation
+    sizes: tuple[int, ...]      # each group's padded row count
+    chunk: int                  # C: the most rows of one iteration
+    stream: int                 # their key stream (``_fold``)
 
 _Residual = tuple[Params, tuple[Arenas, Arenas], BatchArrays, "jax.Array | None", list[jax.Array]]
 """What the backward pass keeps: the parameters, the final arenas, the arrays, the key, saved leaves."""
@@ -246,16 +253,15 @@ class Executor:
         return arenas
 
     # ------------------------------------------------------- whole groups
-    def _groups(self, arrays: BatchArrays, key: jax.Array | None, which: str, ops: tuple[int, ...], sizes: tuple[int,
-                ...],
-                chunk: int, stream: int) -> list[tuple[CompiledOp, int, _Rows]]:
-        """Per hoisted (``which="hoist"``) or tail group, in order: ``(op, piece, rows)``, ``piece``
-        its rows per loop iteration and ``rows`` its rows (padded rows get an out-of-bounds
+    def _groups(self, arrays: BatchArrays, key: jax.Array | None, stage: _Stage) -> list[tuple[CompiledOp, int, _Rows]]:
+        """Per hoisted or tail group of ``stage``, in order: ``(op, piece, rows)``, ``piece`` its
+        rows per loop iteration and ``rows`` its rows (padded rows get an out-of-bounds
         destination, so their writes are dropped)."""
-        in_idx, groups = arrays.in_idx, getattr(arrays, which)
+        in_idx, groups = arrays.in_idx, getattr(arrays, stage.which)
         S = in_idx.shape[0]
+        chunk, stream = stage.chunk, stage.stream
         out = []
-        for h, (o, size) in enumerate(zip(ops, sizes)):
+        for h, (o, size) in enumerate(zip(stage.ops, stage.sizes)):
             op = self.ops[o]
             rows = jnp.arange(size)
             valid = rows < groups.count[h]
@@ -559,76 +565,17 @@ class Executor:
 
     def _make_run(self, layout: BatchLayout) -> _Run:
         """``run(params, arenas, arrays, key) -> arenas``: hoisted groups, the loop and tail groups,
-        differentiated as one ``custom_vjp`` whose residual is the final arenas. Rows are written
-        once and read only after, so every backward stage reads its inputs there: no stage keeps
-        an arena version of its own (a hoisted group writing the loop's type would otherwise
-        keep a second copy of that arena)."""
-        float_ids = self.float_types
-        loop_names = sorted({layer.name for o in layout.loop_ops if (layer := self.ops[o].layer) is not None})
-        hoist: _Stage = ("hoist", layout.hoist_ops, layout.hoist_sizes, layout.chunk, _HOIST_STREAM)
-        tail: _Stage = ("tail", layout.tail_ops, layout.tail_sizes, layout.chunk, _TAIL_STREAM)
-
-        def split(arenas: Arenas) -> tuple[Arenas, Arenas]:
-            return ({t: a for t, a in arenas.items() if t in float_ids},
-                    {t: a for t, a in arenas.items() if t not in float_ids})
-
-        def forward(params: Params, arenas: Arenas, arrays: BatchArrays, key: jax.Array | None,
-                    plans: dict[int, _Plan]) -> tuple[tuple[Arenas, Arenas], list[jax.Array]]:
-            for op, piece, rows in self._groups(arrays, key, *hoist):
-                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, rows)
-            saved: list[jax.Array] = []
-            if layout.loop_ops:
-                lparams = {name: params[name] for name in loop_names}
-                arenas, saved = self._forward_loop(lparams, arenas, arrays, layout, key, plans)
-            for op, piece, rows in self._groups(arrays, key, *tail):
-                arenas = self._group_forward(op, piece, self._params_for(op, params), arenas, rows)
-            return split(arenas), saved
-
-        def plans_for(params: Params, key: jax.Array | None) -> dict[int, _Plan]:
-            return self._plans(layout, {name: params[name] for name in loop_names}, key, float_ids)
-
-        # ``arrays`` and ``key`` are not differentiated; a None ``key`` means deterministic.
-        @jax.custom_vjp
-        def run(params: Params, f_arenas: Arenas, i_arenas: Arenas, arrays: BatchArrays,
-                key: jax.Array | None) -> tuple[Arenas, Arenas]:
-            return forward(params, {**f_arenas, **i_arenas}, arrays, key, {})[0]
-
-        def run_fwd(params: Params, f_arenas: Arenas, i_arenas: Arenas, arrays: BatchArrays,
-                    key: jax.Array | None) -> tuple[tuple[Arenas, Arenas], _Residual]:
-            out, saved = forward(params, {**f_arenas, **i_arenas}, arrays, key, plans_for(params, key))
-            return out, (params, out, arrays, key, saved)
-
-        def run_bwd(res: _Residual, cts: tuple[Arenas, Arenas]) -> tuple[Params, Arenas, None, None, None]:
-            params, (f_out, i_out), arrays, key, saved = res
-            arenas, ct = {**f_out, **i_out}, dict(cts[0])
-            p_ct = jax.tree_util.tree_map(jnp.zeros_like, params)
-
-            def add(name: str, g: PyTree) -> None:
-                p_ct[name] = jax.tree_util.tree_map(jnp.add, p_ct[name], g)
-
-            def groups_backward(which: _Stage, ct: Arenas) -> Arenas:
-                for op, piece, rows in reversed(self._groups(arrays, key, *which)):
-                    ct, g = self._group_backward(op, piece, self._params_for(op, params), arenas, ct, rows)
-                    if op.layer is not None:
-                        add(op.layer.name, g)
-                return ct
-
-            ct = groups_backward(tail, ct)
-            if layout.loop_ops:
-                lparams = {name: params[name] for name in loop_names}
-                g_loop, ct = self._backward_loop(lparams, arenas, ct, arrays, layout, key,
-                                                 plans_for(params, key), saved)
-                for name, g in g_loop.items():
-                    add(name, g)
-            return p_ct, groups_backward(hoist, ct), None, None, None
-
-        run.defvjp(run_fwd, run_bwd)
-
-        def call(params: Params, arenas: Arenas, arrays: BatchArrays, key: jax.Array | None) -> Arenas:
-            f_out, i_out = run(params, *split(arenas), arrays, key)
-            return {**f_out, **i_out}
-
-        return call
+        differentiated as one ``custom_vjp`` (``_run``, ``_run_fwd``, ``_run_bwd`` below) whose
+        residual is the final arenas. Rows are written once and read only after, so every
+        backward stage reads its inputs there: no stage keeps an arena version of its own (a
+        hoisted group writing the loop's type would otherwise keep a second copy of that arena)."""
+        loop_layers = {layer.name for o in layout.loop_ops if (layer := self.ops[o].layer) is not None}
+        spec = _RunSpec(self, layout, tuple(sorted(loop_layers)),
+                        _Stage("hoist", layout.hoist_ops, layout.hoist_sizes, layout.chunk, _HOIST_STREAM),
+                        _Stage("tail", layout.tail_ops, layout.tail_sizes, layout.chunk, _TAIL_STREAM))
+        run = jax.custom_vjp(functools.partial(_run, spec))
+        run.defvjp(functools.partial(_run_fwd, spec), functools.partial(_run_bwd, spec))
+        return functools.partial(_call, spec, run)
 
     # ------------------------------------------------------------------ run
     def arenas(self, params: Params, batch: Batch, key: jax.Array | None = None) -> Arenas:
@@ -642,6 +589,92 @@ class Executor:
         arenas = self.initial_arenas(arrays, layout)
         # The loop reads neither constants (now in the arenas), roots nor metrics.
         return self._make_run(layout)(params, arenas, arrays._replace(consts={}, roots=[], metrics={}), key)
+
+
+class _RunSpec(NamedTuple):
+    """What a layout's run is, fixed when it is traced: the rules below read it."""
+
+    executor: Executor
+    layout: BatchLayout
+    loop_names: tuple[str, ...]  # the layers of the loop's operations
+    hoist: _Stage
+    tail: _Stage
+
+    def loop_params(self, params: Params) -> Params:
+        return {name: params[name] for name in self.loop_names}
+
+    def split(self, arenas: Arenas) -> tuple[Arenas, Arenas]:
+        """Float arenas (differentiated) and the others."""
+        floats = self.executor.float_types
+        return ({t: a for t, a in arenas.items() if t in floats}, {t: a for t, a in arenas.items() if t not in floats})
+
+
+def _forward(spec: _RunSpec, params: Params, arenas: Arenas, arrays: BatchArrays, key: jax.Array | None,
+             plans: dict[int, _Plan]) -> tuple[tuple[Arenas, Arenas], list[jax.Array]]:
+    """Hoisted groups, the loop (keeping what ``plans`` says), tail groups: the final arenas,
+    split, and the loop's saved leaves."""
+    ex = spec.executor
+    for op, piece, rows in ex._groups(arrays, key, spec.hoist):
+        arenas = ex._group_forward(op, piece, ex._params_for(op, params), arenas, rows)
+    saved: list[jax.Array] = []
+    if spec.layout.loop_ops:
+        arenas, saved = ex._forward_loop(spec.loop_params(params), arenas, arrays, spec.layout, key, plans)
+    for op, piece, rows in ex._groups(arrays, key, spec.tail):
+        arenas = ex._group_forward(op, piece, ex._params_for(op, params), arenas, rows)
+    return spec.split(arenas), saved
+
+
+def _plans_for(spec: _RunSpec, params: Params, key: jax.Array | None) -> dict[int, _Plan]:
+    return spec.executor._plans(spec.layout, spec.loop_params(params), key, spec.executor.float_types)
+
+
+# ``arrays`` and ``key`` are not differentiated; a None ``key`` means deterministic.
+def _run(spec: _RunSpec, params: Params, f_arenas: Arenas, i_arenas: Arenas, arrays: BatchArrays,
+         key: jax.Array | None) -> tuple[Arenas, Arenas]:
+    """The primal run: nothing saved."""
+    return _forward(spec, params, {**f_arenas, **i_arenas}, arrays, key, {})[0]
+
+
+def _run_fwd(spec: _RunSpec, params: Params, f_arenas: Arenas, i_arenas: Arenas, arrays: BatchArrays,
+             key: jax.Array | None) -> tuple[tuple[Arenas, Arenas], _Residual]:
+    out, saved = _forward(spec, params, {**f_arenas, **i_arenas}, arrays, key, _plans_for(spec, params, key))
+    return out, (params, out, arrays, key, saved)
+
+
+def _groups_backward(spec: _RunSpec, stage: _Stage, params: Params, arenas: Arenas, ct: Arenas,
+                     arrays: BatchArrays, key: jax.Array | None, p_ct: Params) -> Arenas:
+    """The cotangents before ``stage``'s groups, last group first; their layers' gradients added
+    to ``p_ct``."""
+    ex = spec.executor
+    for op, piece, rows in reversed(ex._groups(arrays, key, stage)):
+        ct, g = ex._group_backward(op, piece, ex._params_for(op, params), arenas, ct, rows)
+        if op.layer is not None:
+            _add_to(p_ct, op.layer.name, g)
+    return ct
+
+
+def _add_to(p_ct: Params, name: str, g: PyTree) -> None:
+    p_ct[name] = jax.tree_util.tree_map(jnp.add, p_ct[name], g)
+
+
+def _run_bwd(spec: _RunSpec, res: _Residual, cts: tuple[Arenas, Arenas]) -> tuple[Params, Arenas, None, None, None]:
+    """Tail groups, the loop, hoisted groups, backwards: every stage reads the final arenas."""
+    params, (f_out, i_out), arrays, key, saved = res
+    arenas, ct = {**f_out, **i_out}, dict(cts[0])
+    p_ct = jax.tree_util.tree_map(jnp.zeros_like, params)
+    ct = _groups_backward(spec, spec.tail, params, arenas, ct, arrays, key, p_ct)
+    if spec.layout.loop_ops:
+        g_loop, ct = spec.executor._backward_loop(spec.loop_params(params), arenas, ct, arrays, spec.layout, key,
+                                                  _plans_for(spec, params, key), saved)
+        for name, g in g_loop.items():
+            _add_to(p_ct, name, g)
+    return p_ct, _groups_backward(spec, spec.hoist, params, arenas, ct, arrays, key, p_ct), None, None, None
+
+
+def _call(spec: _RunSpec, run: Callable[..., tuple[Arenas, Arenas]], params: Params, arenas: Arenas,
+          arrays: BatchArrays, key: jax.Array | None) -> Arenas:
+    f_out, i_out = run(params, *spec.split(arenas), arrays, key)
+    return {**f_out, **i_out}
 
 
 class _SavedBuffers(NamedTuple):
