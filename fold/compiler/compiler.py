@@ -12,6 +12,7 @@ Examples:
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
@@ -20,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fold.blocks.host import DEFAULT_LIMITS, BlockLike, ExampleLimits
+from fold.blocks.sharing import Shared
 from fold.blocks.tensors import unflatten_value
 from fold.compiler import numerics, sharding
 from fold.compiler.batching import Batcher
-from fold.compiler.build import build_program, root_is_tensors
+from fold.compiler.build import _all_blocks, build_program, root_is_tensors
 from fold.compiler.executor import Arenas, Executor
 from fold.compiler.params import LayerParams, is_key
 from fold.compiler.result import MetricValues, Result
@@ -303,7 +305,16 @@ class Compiler:
             for epoch in range(10):
                 for batch in compiler.batches(train, 64, shuffle=True):
                     ...
+
+        A ``Shared(..., across_examples=True)`` block shares only within each recorded example
+        (batches gather examples recorded apart): the values are the same, the work is not, and
+        a ``UserWarning`` says so.
         """
+        across = [b for b in _all_blocks(self.program.root) if isinstance(b, Shared) and b.across_examples]
+        if across and not isinstance(examples, RecordedExamples):
+            warnings.warn(f"{across[0]!r} shares nodes across examples, but examples recorded apart share only within "
+                          "themselves (their batches gather them): build batches from the examples themselves "
+                          "(build_batch, or batches without record) to share across them", stacklevel=2)
         return self._batcher.record(examples, progress)
 
     @overload
