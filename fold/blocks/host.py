@@ -235,3 +235,8 @@ class EmitContext(Protocol):
         """A call of declaration ``decl``'s target, generated once as its own function."""
         ...
 
+    def function(self, block: Block) -> str:
+        """The name of a generated function ``f(x, depth)`` running ``block`` (made once per
+        block), for host helpers that call a block many times (``Reduce``'s balanced tree)."""
+        ...
+

@@ -7,6 +7,7 @@ PyObject that is iterable (each element a PyObject).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -330,6 +331,31 @@ class Reduce(Block):
             assert self.default_block is not None  # made by _infer, which every compiled model ran
             return (yield self.default_block, None, "Reduce[default]")
         return (yield from self._reduce(xs))
+
+    def _emit(self, em: EmitContext, x: str) -> str:
+        # A list reduces through ``_balanced`` calling the combine block's generated function, in
+        # ``_reduce``'s order; anything else (a tuple, a malformed input) takes the generic walk.
+        out = em.var("red")
+        assert self.default_block is not None  # made by _infer, which every compiled model ran
+        default = self.default_block
+
+        def reduce_list() -> None:
+            combine = em.function(self.combine_block)
+            em.branches([(f"not {x}", lambda: em.line(f"{out} = {em.emit(default, 'None')}")),
+                         (None, lambda: em.line(f"{out} = {em.bind(_balanced, 'balanced')}({x}, {combine}, depth)"))])
+
+        em.branches([(f"type({x}) is not list", lambda: em.line(f"{out} = {em.walk(self, x)}")), (None, reduce_list)])
+        return out
+
+
+def _balanced(xs: list[HostValue], combine: Callable[[HostValue, int], HostValue], depth: int) -> HostValue:
+    """``Reduce``'s balanced tree over ``xs`` in the host plan: the left half, the right half, then
+    their combination, as ``Reduce._reduce`` walks it."""
+    if len(xs) == 1:
+        return xs[0]
+    half = len(xs) // 2
+    left = _balanced(xs[:half], combine, depth)
+    return combine((left, _balanced(xs[half:], combine, depth)), depth)
 
 
 class Sum(Reduce):

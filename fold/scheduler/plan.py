@@ -115,6 +115,7 @@ class Emitter:
         self._indent = 1
         self._functions: list[list[str]] = []
         self._decl_functions: dict[ForwardDeclaration, str] = {}
+        self._block_functions: dict[Block, str] = {}  # ``function``'s, one per block
         self._metrics: dict[str, int] = {}
         self._tuples: dict[str, list[str]] = {}  # variables holding tuples built here -> their items
         # Variables holding value ids made here -> their depth's variable ("0" for a constant), so
@@ -260,7 +261,18 @@ class Emitter:
             self._function(fn, decl.target, check_depth=True)
         return self.assign(f"{fn}({x}, depth + 1)")
 
-    def _function(self, name: str, block: Block, check_depth: bool) -> None:
+    def function(self, block: Block) -> str:
+        """The name of a generated function ``f(x, depth)`` running ``block`` on host value ``x``
+        (``depth``: the recursion depth of the caller), made once per block."""
+        fn = self._block_functions.get(block)
+        if fn is None:
+            fn = self._block_functions[block] = self.var("fn")
+            self._function(fn, block, check_depth=None)
+        return fn
+
+    def _function(self, name: str, block: Block, check_depth: bool | None) -> None:
+        """Emits ``def name(x, depth)`` running ``block``: a declaration's target checks its
+        depth (``check_depth``), the root sets the node limit (False), a block's (None) neither."""
         saved = self._lines, self._indent
         self._lines, self._indent = [], 1
         self.line(f"def {name}(x, depth):")
@@ -273,7 +285,7 @@ class Emitter:
                           "len(n_op) > node_limit:")
                 with self.nested():
                     self.line("raise _TooDeep")
-            else:
+            elif check_depth is False:
                 self.line("nonlocal node_limit")
                 self.line(f"node_limit = len(n_op) + {self.program.limits.max_nodes}")
             self.line(f"return {self.emit(block, 'x')}")
