@@ -188,6 +188,8 @@ def run_case(case: Case) -> tuple[str, int]:
         part = [examples[i] for i in batch.example_indices]
         compare(params, batch, part, f"{where}, batch {k}")
         compared += len(part)
+    for check in model.checks:  # the decoders' generation, with the same parameters
+        check(params)
     return model.text, compared
 
 

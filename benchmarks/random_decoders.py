@@ -184,6 +184,26 @@ def reference_tree(m: RandomDecoder, p: dict, start: Any, key: jax.Array | None,
     return built[0], truncated, logp
 
 
+def check_generation(m: RandomDecoder, generator: fd.Generator, params: dict, starts: Any, key: jax.Array | None,
+                     where: str) -> tuple[Any, list, np.ndarray]:
+    """Generates from ``starts`` and compares every example with the reference (structure, flag,
+    log-probability); raises ``Failure`` naming ``where``. Returns what ``generate`` returned,
+    the structures and the flags (cut sequences, truncated trees)."""
+    is_tree = isinstance(m.decoder, fd.TreeDecoder)
+    reference = reference_tree if is_tree else reference_sequence
+    out = generator.generate(params, starts, key)
+    got = out.trees() if is_tree else out.sequences()
+    flags = np.asarray(out.truncated) if is_tree else ~np.asarray(out.ended)
+    for b in range(len(got)):
+        want, flag, logp = reference(m, params, _row(starts, b), key, b)
+        if got[b] != want or bool(flags[b]) != flag:
+            raise Failure(f"{where}, {m.text}, key {key is not None}, example {b}: generated {got[b]!r} "
+                          f"(flag {bool(flags[b])}), reference {want!r} (flag {flag})")
+        if not np.isclose(float(out.log_prob[b]), logp, rtol=1e-5, atol=1e-5):
+            raise Failure(f"{where}, {m.text}: log-probability {float(out.log_prob[b])} != {logp}")
+    return out, got, flags
+
+
 def _static_model(m: RandomDecoder) -> fd.Block:
     """The static model scoring ``(start state, structure)``: one vector per example, its
     decisions' log-probabilities summed."""
@@ -211,19 +231,9 @@ def check(seed: int, examples: int = 5) -> dict[str, Any]:
                  for _ in range(2 if m.tuple_state else 1)]
     starts = tuple(starts_np) if m.tuple_state else starts_np[0]
     is_tree = isinstance(m.decoder, fd.TreeDecoder)
-    reference = reference_tree if is_tree else reference_sequence
     flagged = 0
     for key in (None, jax.random.key(seed + 1)):
-        out = generator.generate(params, starts, key)
-        got = out.trees() if is_tree else out.sequences()
-        flags = np.asarray(out.truncated) if is_tree else ~np.asarray(out.ended)
-        for b in range(examples):
-            want, flag, logp = reference(m, params, _row(starts, b), key, b)
-            if got[b] != want or bool(flags[b]) != flag:
-                raise Failure(f"seed {seed}, {m.text}, key {key is not None}, example {b}: generated {got[b]!r} "
-                              f"(flag {bool(flags[b])}), reference {want!r} (flag {flag})")
-            if not np.isclose(float(out.log_prob[b]), logp, rtol=1e-5, atol=1e-5):
-                raise Failure(f"seed {seed}, {m.text}: log-probability {float(out.log_prob[b])} != {logp}")
+        out, got, flags = check_generation(m, generator, params, starts, key, f"seed {seed}")
         flagged += int(flags.sum())
         # Teacher forcing: the static model scores what was generated as generation did (a cut
         # sequence has no end: only complete ones are scored), with its gradient.

@@ -19,11 +19,13 @@ records a metric once per distinct node, as fold does. ``decoders`` models add t
 blocks in a static model (teacher forcing): a ``SequenceDecoder`` scoring a token list, or a
 ``TreeDecoder`` scoring a tree, from a start state drawn from the grammar, their parts layers
 drawn as the grammar's are (shared between places); the reference scores each decision one
-example at a time. (``benchmarks/random_decoders.py`` checks what ``fd.Generator`` generates.)
+example at a time, and ``RandomModel.checks`` runs ``fd.Generator`` on each decoder with the
+model's parameters against the per-example generator of ``benchmarks/random_decoders.py``.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -54,6 +56,9 @@ class RandomModel(NamedTuple):
     metrics: Mapping[str, int] = MappingProxyType({})
     #: ``evaluate(params, example) -> (output, {metric name: [values]})``; None: no metrics.
     evaluate: Callable[[dict, Any], tuple[jax.Array, dict[str, list]]] | None = None
+    #: More checks of the model's parameters: ``fd.Generator`` on each decoder against its
+    #: per-example reference (raise on a mismatch).
+    checks: tuple[Callable[[dict], None], ...] = ()
 
     def reference_and_metrics(self, params: dict, example: Any) -> tuple[jax.Array, dict[str, list]]:
         """The reference's output on one example and its metrics' values (in no particular order)."""
@@ -91,7 +96,7 @@ def random_model(seed: int, n: int = 6, depth: int = 3, wide: bool = False, rich
             grammar.tape = None
 
     return RandomModel(spec.block, spec.reference, [spec.sample() for _ in range(n)], spec.text,
-                       dict(grammar.metrics), evaluate)
+                       dict(grammar.metrics), evaluate, tuple(grammar.checks))
 
 
 def fc_reference(layer: fd.FC, x: jax.Array, p: dict) -> jax.Array:
@@ -143,6 +148,7 @@ class _Grammar:
         self.rng = rng
         self.share = shared
         self.decoders = decoders
+        self.checks: list[Callable[[dict], None]] = []  # RandomModel.checks
         self.rich = rich
         self.users = users
         self.every = every
@@ -581,7 +587,13 @@ class _Grammar:
         def sample() -> tuple:
             return start.sample(), [int(self.rng.integers(vocab)) for _ in range(self.length(0, 4))]
 
-        return Spec(block, 1, reference, sample, f"SequenceDecoder({start.text}, vocab={vocab}, end={end})")
+        def step_row(p: dict, state: jax.Array, token: int) -> jax.Array:
+            return fc_reference(cell, jnp.concatenate([state, p[emb.name]["table"][token]]), p)[None]
+
+        text = f"SequenceDecoder({start.text}, vocab={vocab}, end={end})"
+        heads = {"out": lambda p, state: fc_reference(out, state, p)}
+        self._check_generation(decoder, step_row, heads, w, text)
+        return Spec(block, 1, reference, sample, text)
 
     def decoded_tree(self, depth: int) -> Spec:
         """A ``TreeDecoder`` scoring a tree (labels at its leaves) from a start state; its output is
@@ -609,9 +621,32 @@ class _Grammar:
             k = 0 if levels == 0 else arities[int(self.rng.integers(len(arities)))]
             return int(self.rng.integers(labels)) if k == 0 else tuple(grow(levels - 1) for _ in range(k))
 
+        def step_row(p: dict, parent: jax.Array, sibling: jax.Array) -> jax.Array:
+            return fc_reference(child, jnp.concatenate([parent, sibling]), p)[None]
+
+        text = f"TreeDecoder({start.text}, arities={arities}, labels={labels})"
+        heads = {"arity": lambda p, state: fc_reference(arity, state, p),
+                 "label": lambda p, state: fc_reference(label, state, p)}
+        self._check_generation(decoder, step_row, heads, w, text)
         return Spec(block, 1, lambda p, x: score(p, x[1], start.reference(p, x[0]))[None],
-                    lambda: (start.sample(), grow(int(self.rng.integers(0, 4)))),
-                    f"TreeDecoder({start.text}, arities={arities}, labels={labels})")
+                    lambda: (start.sample(), grow(int(self.rng.integers(0, 4)))), text)
+
+    def _check_generation(self, decoder: fd.SequenceDecoder | fd.TreeDecoder, step: Callable[..., jax.Array],
+                          heads: dict[str, Callable[[dict, jax.Array], jax.Array]], width: int, text: str) -> None:
+        """Adds a check: ``fd.Generator(decoder)`` from random start states, greedy and sampled,
+        against the per-example reference of ``benchmarks/random_decoders.py``."""
+        from benchmarks.random_decoders import RandomDecoder, check_generation
+
+        seed = zlib.crc32(text.encode())  # not from ``self.rng``: the seed's model stays the one it drew
+        m = RandomDecoder(decoder, fd.TensorType((width,)), step, heads, False, width, text, {})
+
+        def check(params: dict) -> None:
+            starts = (1.5 * np.random.default_rng(seed).normal(size=(4, width))).astype(np.float32)
+            generator = fd.Generator(decoder)
+            for key in (None, jax.random.key(seed)):
+                check_generation(m, generator, params, starts, key, f"generation of {text}")
+
+        self.checks.append(check)
 
     def voided(self, depth: int) -> Spec:
         """``AllOf`` of two branches, the second ending in ``Void``: only the first's value is

@@ -293,10 +293,11 @@ def test_shared_models_match_and_a_broken_memo_is_caught(monkeypatch):
 @pytest.mark.slow
 def test_decoder_models_match_and_a_wrong_score_is_caught(monkeypatch):
     """The ``decoders`` grammar: every model a sequence or tree decoder scoring a known structure
-    (teacher forcing) from a start state drawn from ``every``. Seeds 1 (a sequence decoder) and 0
+    (teacher forcing) from a start state drawn from ``every``, and ``fd.Generator`` on the same
+    decoder and parameters against the per-example reference. Seeds 1 (a sequence decoder) and 0
     (a tree decoder) match their references; a sequence decoder that leaves out the end token's
-    log-probability, or a tree decoder that feeds each child its parent's state instead of its
-    previous sibling's, is caught."""
+    log-probability, a tree decoder that feeds each child its parent's state instead of its
+    previous sibling's, or a generator that never samples, is caught."""
     from fold.generation.sequence import SequenceDecoder
     from fold.generation.tree import TreeDecoder
 
@@ -329,3 +330,11 @@ def test_decoder_models_match_and_a_wrong_score_is_caught(monkeypatch):
     monkeypatch.setattr(TreeDecoder, "_host", parent_as_sibling)
     with pytest.raises(AssertionError, match="TreeDecoder"):
         run_case(tree)
+    monkeypatch.setattr(TreeDecoder, "_host", tree_host)
+    # Generation is checked too: a generator that always decides greedily fails the sampled run.
+    from fold.generation import sequence as sequence_module
+
+    choose = sequence_module.choose
+    monkeypatch.setattr(sequence_module, "choose", lambda logits, key, *rest: choose(logits, None, *rest))
+    with pytest.raises(Exception, match="generation of SequenceDecoder.*key True"):
+        run_case(sequence)
