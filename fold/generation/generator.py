@@ -4,9 +4,9 @@ The decoder's parts become functions of batched arrays (``fold/generation/device
 ``decode`` then decides every example's structure together in one ``lax.while_loop``, with no
 host round trip per token or node: it runs under ``jit`` on CPU, GPU and TPU alike.
 ``generate`` pads the rows to a row count it has compiled for when one is at most ``REUSE`` times
-the power of two the batch needs, else to that power of two (at least ``MIN_ROWS``): a stream of
-batches of any sizes compiles at most once per power of two, and far fewer times when sizes vary
-(a size serves every batch down to a ``REUSE``-th of it).
+the power of two the batch needs, else to a new count at least ``REUSE`` times the largest below
+it: compiled counts are ``REUSE`` times apart, so a stream of batches of any sizes up to 512
+compiles at most 4 times (8, 32, 128, 512 at worst), and a fixed batch size once.
 
 Examples:
     >>> import fold as fd, jax, jax.numpy as jnp
@@ -75,13 +75,18 @@ class Generator:
         self._row_counts: list[int] = []  # the row counts ``generate`` compiled for, ascending
 
     def _row_count(self, rows: int) -> int:
-        """The rows ``generate`` runs ``rows`` examples on (see ``generate``)."""
+        """The rows ``generate`` runs ``rows`` examples on (see ``generate``): a compiled count at
+        most ``REUSE`` times the power of two they need, else a new one, at least ``REUSE`` times
+        the largest compiled below it. Compiled counts are then at least ``REUSE`` times apart,
+        so sizes up to ``MIN_ROWS * REUSE ** 3`` (512) never compile more than 4 times."""
         need = max(MIN_ROWS, next_pow2(rows))
         fits = [n for n in self._row_counts if need <= n <= REUSE * need]
         if fits:
             return fits[0]
-        self._row_counts = sorted([*self._row_counts, need])
-        return need
+        below = [n for n in self._row_counts if n < need]
+        size = max(need, REUSE * below[-1]) if below else need
+        self._row_counts = sorted([*self._row_counts, size])
+        return size
 
     def _set_state_type(self, state: Type) -> None:
         d = self.decoder
@@ -120,9 +125,9 @@ class Generator:
 
     def generate(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Generation:
         """``apply``, jitted, its rows padded to a row count compiled before if one is at most
-        ``REUSE`` times the power of two they need (at least ``MIN_ROWS``), else to that power of
-        two: batches of any sizes compile at most once per power of two. The padded rows repeat
-        the first example, generate nothing and are dropped from the result."""
+        ``REUSE`` times the power of two they need (at least ``MIN_ROWS``), else to a new count
+        (see the module docstring): batches of any sizes up to 512 compile at most 4 times. The
+        padded rows repeat the first example, generate nothing and are dropped from the result."""
         if key is not None and not is_key(key):
             raise TypeError(f"generate's key must be a PRNG key such as jax.random.key(0) or None, got {key!r}")
         leaves = jax.tree_util.tree_leaves(start)

@@ -142,13 +142,20 @@ def test_batches_of_any_size_compile_a_few_times():
         out = generator.generate(params, _starts(n, seed=n), None)
         assert out.tokens.shape == (n, 5)
         assert out.sequences() == [_reference(params, s, 5)[0] for s in _starts(n, seed=n)]
-    # 8 rows, then 16 (nothing compiled fits 9 to 16), then 9 to 32 run on 16 or 32 (a size serves
-    # batches down to a quarter of it), and 1 to 8 on 8.
-    assert generator._row_counts == [8, 16, 32] and generator._generate._cache_size() == 3
+    # 8 rows, then 32 for 9 (a new count is at least 4 times the largest below it), which serves
+    # 9 to 32 (a count serves batches down to a quarter of it), and 1 to 8 on 8.
+    assert generator._row_counts == [8, 32] and generator._generate._cache_size() == 2
     # A stream of random sizes from 1 to 256, as a last partial batch or a varying one makes.
     sizes = np.random.default_rng(0).integers(1, 257, 40)
     assert [generator._row_count(int(n)) >= n for n in sizes] == [True] * 40
-    assert generator._row_counts == [8, 16, 32, 256]
+    assert generator._row_counts == [8, 32, 256]
+    # The worst order, every size from 1 to 512 growing: 4 counts, each 4 times the one before.
+    growing = fd.Generator(_decoder(max_length=5), state_type=fd.TensorType((H,)))
+    assert [growing._row_count(n) >= n for n in range(1, 513)] == [True] * 512
+    assert growing._row_counts == [8, 32, 128, 512]
+    # A fixed batch size and its smaller last batch: one count.
+    fixed = fd.Generator(_decoder(max_length=5), state_type=fd.TensorType((H,)))
+    assert {fixed._row_count(n) for n in (64, 64, 64, 17)} == {64}
     # Padding rows generate nothing: they start as ended.
     padded = generator._decode(params, _starts(8), None, 3)
     assert padded.lengths[3:].tolist() == [0] * 5 and padded.ended[3:].all()
