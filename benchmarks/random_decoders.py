@@ -251,7 +251,7 @@ def check(seed: int, examples: int = 5) -> dict[str, Any]:
             raise Failure(f"seed {seed}, {m.text}: static scores {np.asarray(scores)} != generated "
                           f"{np.asarray(out.log_prob)[keep]}")
         grads = jax.grad(lambda p: compiler.apply(p, batch).outputs.sum())(params)
-        want_grads = jax.grad(lambda p: sum(_score(m, p, _row(starts, b), got[b]) for b in keep))(params)
+        want_grads = jax.grad(lambda p: sum(score(m, p, _row(starts, b), got[b]) for b in keep))(params)
         for layer in want_grads:
             for leaf in want_grads[layer]:
                 if not np.allclose(grads[layer][leaf], want_grads[layer][leaf], rtol=1e-4, atol=1e-5):
@@ -259,13 +259,13 @@ def check(seed: int, examples: int = 5) -> dict[str, Any]:
     return {"seed": seed, "decoder": m.text, "flagged": flagged}
 
 
-def _score(m: RandomDecoder, p: dict, start: Any, structure: Any) -> jax.Array:
+def score(m: RandomDecoder, p: dict, start: Any, structure: Any) -> jax.Array:
     """The reference log-probability of a known structure (differentiable in ``p``)."""
     if isinstance(m.decoder, fd.SequenceDecoder):
         s, total = start, 0.0
-        for y in [*structure, m.decoder.end_token]:
+        for i, y in enumerate([*structure, m.decoder.end_token]):
             total += jax.nn.log_softmax(m.heads["out"](p, s))[y]
-            if y != m.decoder.end_token:
+            if i < len(structure):  # every given token steps, whatever its value (teacher forcing)
                 s = _row(m.step(p, s, y), 0)
         return total
     arities = m.decoder.arities

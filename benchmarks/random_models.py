@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fold as fd
+from benchmarks.random_decoders import RandomDecoder, check_generation, score
 
 
 class Spec(NamedTuple):
@@ -576,24 +577,16 @@ class _Grammar:
         decoder = fd.SequenceDecoder(step, fd.Function(out), end_token=end, max_length=8)
         block = fd.Record((start.block, fd.Map(fd.Scalar("int32")))) >> decoder >> fd.Sum() >> _column()
 
-        def reference(p: dict, x: tuple) -> jax.Array:
-            s, total = start.reference(p, x[0]), jnp.zeros((), jnp.float32)
-            for i, token in enumerate([*x[1], end]):
-                total = total + jax.nn.log_softmax(fc_reference(out, s, p))[token]
-                if i < len(x[1]):
-                    s = fc_reference(cell, jnp.concatenate([s, p[emb.name]["table"][token]]), p)
-            return total[None]
+        def step_row(p: dict, state: jax.Array, token: int) -> jax.Array:
+            return fc_reference(cell, jnp.concatenate([state, p[emb.name]["table"][token]]), p)[None]
+
+        m = self._decoder(decoder, step_row, {"out": lambda p, state: fc_reference(out, state, p)}, w,
+                          f"SequenceDecoder({start.text}, vocab={vocab}, end={end})")
 
         def sample() -> tuple:
             return start.sample(), [int(self.rng.integers(vocab)) for _ in range(self.length(0, 4))]
 
-        def step_row(p: dict, state: jax.Array, token: int) -> jax.Array:
-            return fc_reference(cell, jnp.concatenate([state, p[emb.name]["table"][token]]), p)[None]
-
-        text = f"SequenceDecoder({start.text}, vocab={vocab}, end={end})"
-        heads = {"out": lambda p, state: fc_reference(out, state, p)}
-        self._check_generation(decoder, step_row, heads, w, text)
-        return Spec(block, 1, reference, sample, text)
+        return Spec(block, 1, lambda p, x: score(m, p, start.reference(p, x[0]), x[1])[None], sample, m.text)
 
     def decoded_tree(self, depth: int) -> Spec:
         """A ``TreeDecoder`` scoring a tree (labels at its leaves) from a start state; its output is
@@ -606,37 +599,25 @@ class _Grammar:
                                  arities=arities, max_levels=4, max_nodes=15)
         block = fd.Record((start.block, fd.Identity())) >> decoder >> fd.Sum() >> _column()
 
-        def score(p: dict, t: Any, s: jax.Array) -> jax.Array:
-            kids = t if isinstance(t, tuple) else ()
-            total = jax.nn.log_softmax(fc_reference(arity, s, p))[arities.index(len(kids))]
-            if not kids:
-                return total + jax.nn.log_softmax(fc_reference(label, s, p))[t]
-            sibling = jnp.zeros_like(s)
-            for kid in kids:
-                sibling = fc_reference(child, jnp.concatenate([s, sibling]), p)
-                total = total + score(p, kid, sibling)
-            return total
+        def step_row(p: dict, parent: jax.Array, sibling: jax.Array) -> jax.Array:
+            return fc_reference(child, jnp.concatenate([parent, sibling]), p)[None]
+
+        heads = {"arity": lambda p, state: fc_reference(arity, state, p),
+                 "label": lambda p, state: fc_reference(label, state, p)}
+        m = self._decoder(decoder, step_row, heads, w,
+                          f"TreeDecoder({start.text}, arities={arities}, labels={labels})")
 
         def grow(levels: int) -> Any:
             k = 0 if levels == 0 else arities[int(self.rng.integers(len(arities)))]
             return int(self.rng.integers(labels)) if k == 0 else tuple(grow(levels - 1) for _ in range(k))
 
-        def step_row(p: dict, parent: jax.Array, sibling: jax.Array) -> jax.Array:
-            return fc_reference(child, jnp.concatenate([parent, sibling]), p)[None]
+        return Spec(block, 1, lambda p, x: score(m, p, start.reference(p, x[0]), x[1])[None],
+                    lambda: (start.sample(), grow(int(self.rng.integers(0, 4)))), m.text)
 
-        text = f"TreeDecoder({start.text}, arities={arities}, labels={labels})"
-        heads = {"arity": lambda p, state: fc_reference(arity, state, p),
-                 "label": lambda p, state: fc_reference(label, state, p)}
-        self._check_generation(decoder, step_row, heads, w, text)
-        return Spec(block, 1, lambda p, x: score(p, x[1], start.reference(p, x[0]))[None],
-                    lambda: (start.sample(), grow(int(self.rng.integers(0, 4)))), text)
-
-    def _check_generation(self, decoder: fd.SequenceDecoder | fd.TreeDecoder, step: Callable[..., jax.Array],
-                          heads: dict[str, Callable[[dict, jax.Array], jax.Array]], width: int, text: str) -> None:
-        """Adds a check: ``fd.Generator(decoder)`` from random start states, greedy and sampled,
-        against the per-example reference of ``benchmarks/random_decoders.py``."""
-        from benchmarks.random_decoders import RandomDecoder, check_generation
-
+    def _decoder(self, decoder: fd.SequenceDecoder | fd.TreeDecoder, step: Callable[..., jax.Array],
+                 heads: dict[str, Callable[[dict, jax.Array], jax.Array]], width: int, text: str) -> RandomDecoder:
+        """``decoder`` with its per-example reference (``benchmarks/random_decoders.py``'s), and a check
+        added: ``fd.Generator(decoder)`` from random start states, greedy and sampled, against it."""
         seed = zlib.crc32(text.encode())  # not from ``self.rng``: the seed's model stays the one it drew
         m = RandomDecoder(decoder, fd.TensorType((width,)), step, heads, False, width, text, {})
 
@@ -647,6 +628,7 @@ class _Grammar:
                 check_generation(m, generator, params, starts, key, f"generation of {text}")
 
         self.checks.append(check)
+        return m
 
     def voided(self, depth: int) -> Spec:
         """``AllOf`` of two branches, the second ending in ``Void``: only the first's value is

@@ -99,14 +99,8 @@ class Shared(Block):
     def _memo_key(self, x: PyObject, ctx: HostContext) -> _MemoKey:
         """The ``block_cache`` key of input ``x``: this block, the example (unless shared across
         examples) and the input's key."""
-        if self.key_fn is None:
-            node: Hashable = id(x)  # the memo keeps ``x`` alive, so its id is not reused in the batch
-        else:
-            node = self.key_fn(x)
-            try:
-                hash(node)
-            except TypeError:
-                raise TypeError(f"{self!r}: key {reprlib.repr(node)} is unhashable") from None
+        # The memo keeps ``x`` alive, so its id is not reused in the batch.
+        node: Hashable = id(x) if self.key_fn is None else self.key_fn(x)
         return id(self), None if self.across_examples else ctx.example_index, node
 
     def _reuse(self, hit: tuple[PyObject, HostValue] | _InProgress, memo_key: _MemoKey) -> HostValue:
@@ -119,7 +113,10 @@ class Shared(Block):
 
     def _host(self, x: HostValue, ctx: HostContext) -> HostWalk:
         memo_key = self._memo_key(x, ctx)
-        hit = ctx.block_cache.get(memo_key)
+        try:
+            hit = ctx.block_cache.get(memo_key)
+        except TypeError:  # the plan's lookup raises it too, and falls back to this walk for the message
+            raise TypeError(f"{self!r}: key {reprlib.repr(memo_key[2])} is unhashable") from None
         if hit is not None:
             return self._reuse(hit, memo_key)
         ctx.block_cache[memo_key] = _IN_PROGRESS
