@@ -232,7 +232,7 @@ def test_softmax_across_a_sequence_matches_numpy_and_trains():
     rng = np.random.default_rng(0)
     examples = [rng.normal(size=(n, 3)).astype(np.float32) for n in (1, 2, 5, 8)]
     examples.append(np.array([[1000.0, -1000.0, 0.0], [999.0, 1000.0, 0.0]], np.float32))
-    out = compiler.apply({}, compiler.build_batch([x.tolist() for x in examples])).outputs
+    out = jax.jit(compiler.apply)({}, compiler.build_batch([x.tolist() for x in examples])).outputs
     expected = [(_softmax_reference(x.astype(np.float64)) * np.arange(1, 4)).sum(0) for x in examples]
     np.testing.assert_allclose(out, np.stack(expected), rtol=1e-5, atol=1e-6)
     assert np.isfinite(out).all()
@@ -258,9 +258,9 @@ def test_softmax_across_a_sequence_matches_numpy_and_trains():
             total += jnp.sum((alpha[:, None] * x).sum(0) ** 2)
         return total
 
-    np.testing.assert_allclose(batched(params), reference(params), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(batched)(params), reference(params), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                 jax.grad(batched)(params), jax.grad(reference)(params))
+                 jax.jit(jax.grad(batched))(params), jax.grad(reference)(params))
 
 
 def test_softmax_of_a_non_sequence_is_a_type_error():

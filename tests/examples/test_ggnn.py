@@ -42,10 +42,11 @@ def test_losses_and_gradients_equal_the_dense_segment_sum_network():
     assert batch.stats.num_nodes == sum(1 + ROUNDS * (len(kids) + 1) + 3 for g in graphs for kids in g.neighbours)
     dense = ggnn.dense_graphs(graphs)
 
-    losses = compiler.apply(params, batch).metrics["loss"].values
+    # Jitted, as training runs them: eager, every op of the step dispatches on its own.
+    losses = jax.jit(compiler.apply)(params, batch).metrics["loss"].values
     np.testing.assert_allclose(losses, ggnn.dense_losses(params, dense, ROUNDS)[0], rtol=1e-5, atol=1e-6)
-    got = jax.grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum())(params)
-    want = jax.grad(lambda p: jnp.sum(ggnn.dense_losses(p, dense, ROUNDS)[0]))(params)
+    got = jax.jit(jax.grad(lambda p, b: compiler.apply(p, b).metrics["loss"].sum()))(params, batch)
+    want = jax.jit(jax.grad(lambda p: jnp.sum(ggnn.dense_losses(p, dense, ROUNDS)[0])))(params)
     for layer in want:
         for name in want[layer]:
             np.testing.assert_allclose(got[layer][name], want[layer][name], rtol=1e-4, atol=1e-6,
