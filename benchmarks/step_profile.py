@@ -132,7 +132,7 @@ def op_rows(compiler: fd.Compiler, batch: fd.Batch) -> dict[int, int]:
     for ops, groups in ((layout.hoist_ops, arrays.hoist), (layout.tail_ops, arrays.tail)):
         for o, count in zip(ops, np.asarray(groups.count).tolist()):
             rows[o] += count
-    sizes = len(item_sizes(layout.chunk))
+    sizes = len(item_sizes(layout.chunk, layout.num_examples))
     n = int(arrays.n_items)
     for branch, count in zip(np.asarray(arrays.items_branch)[:n].tolist(), np.asarray(arrays.items_count)[:n].tolist()):
         rows[layout.loop_ops[branch // sizes]] += count

@@ -38,7 +38,7 @@ def schedule_profile(compiler: Compiler, examples: Iterable[PyObject]) -> tuple[
     examples = list(check_examples(examples, "schedule_profile"))
     chunk = compiler.build_batch(examples, exact_layout=True).layout.chunk
     builder, _ = run_examples(compiler.program, examples)
-    return profile(compiler.program, builder.arrays(), chunk), chunk
+    return profile(compiler.program, builder.arrays(), chunk, len(examples)), chunk
 
 
 def plot_schedule(compiler: Compiler, examples: Iterable[PyObject], ax: Axes | None = None) -> Axes:

@@ -225,7 +225,7 @@ def pad_to(batch: Batch, layout: BatchLayout, type_shapes: Sequence[TypeShape]) 
             if have.get(o) and rows > have[o]:
                 raise ValueError(f"operation {o}'s loop items save {rows} rows, more than the {have[o]} of {layout}")
     A, C = layout.size_class, layout.chunk
-    n_sizes = len(item_sizes(C))
+    n_sizes = len(item_sizes(C, layout.num_examples))
     position = np.asarray([layout.loop_ops.index(o) for o in need.loop_ops] or [0], np.int32)
     n = int(a.n_items)
     branch = a.items_branch.copy()
@@ -254,7 +254,7 @@ def computed_rows(batch: Batch) -> int:
     tail group's rows rounded up to whole pieces of its layout's size (the executor's
     ``_group_forward``)."""
     layout, a = batch.layout, batch.arrays
-    sizes = np.asarray(item_sizes(layout.chunk))
+    sizes = np.asarray(item_sizes(layout.chunk, layout.num_examples))
     n = int(a.n_items)
     rows = int(sizes[a.items_branch[:n] % len(sizes)].sum())
     for groups, group_sizes in ((a.hoist, layout.hoist_sizes), (a.tail, layout.tail_sizes)):

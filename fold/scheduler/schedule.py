@@ -103,9 +103,23 @@ def piece_rows(size: int, chunk: int) -> int:
     return size // min(PIECES, max(1, size // chunk))
 
 
-def item_sizes(chunk: int) -> tuple[int, ...]:
-    """The padded row counts a work item can have when ``C = chunk``."""
-    return tuple(1 << k for k in range(MIN_ITEM.bit_length() - 1, chunk.bit_length()))
+def item_sizes(chunk: int, num_examples: int) -> tuple[int, ...]:
+    """The padded row counts a work item can have when ``C = chunk`` in a batch of
+    ``num_examples``: the powers of two from ``MIN_ITEM`` to C, and from one row in batches of
+    at most ``TINY_BATCH`` examples. Their items hold a row or a few: computed on 8 rows, a
+    single SST tree's inference took 1.5x as long, and a tagger's batch-1 training step 1.2-1.4x.
+    Each size is a branch of the loop's ``switch``, forward and backward, so larger batches, whose
+    items seldom hold fewer than 8 rows, keep the shorter ladder (their compilation took 1.2-1.3x
+    as long with every size from 1, the tagger's at batch 16).
+
+    Examples:
+        >>> item_sizes(128, 64)
+        (8, 16, 32, 64, 128)
+        >>> item_sizes(32, 1)
+        (1, 2, 4, 8, 16, 32)
+    """
+    low = 1 if num_examples <= TINY_BATCH else MIN_ITEM
+    return tuple(1 << k for k in range(low.bit_length() - 1, chunk.bit_length()))
 
 
 def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int, num_examples: int = 1) -> int:
@@ -284,16 +298,18 @@ class GroupProfile(NamedTuple):
     computed: int      # rows the executor computes for it (items and groups padded, exact layout)
 
 
-def profile(program: Program, rec: Recorded, chunk: int) -> list[GroupProfile]:
-    """The groups of the schedule ``rec`` gets with ``C = chunk``, in the order they run."""
+def profile(program: Program, rec: Recorded, chunk: int, num_examples: int) -> list[GroupProfile]:
+    """The groups of the schedule ``rec`` (``num_examples`` examples) gets with ``C = chunk``, in
+    the order they run."""
     n_depth, loop_depth = _depths(program, rec)
     groups = _sort(rec.n_op, n_depth, loop_depth)
+    smallest = item_sizes(chunk, num_examples)[0]
     out = []
     for looped, depth, op, n in zip(_in_loop(groups).tolist(), groups.g_depth.tolist(), groups.g_op.tolist(),
                                     groups.g_count.tolist()):
-        if looped:  # as _items pads them: C-row items, the last one to padded_rows
+        if looped:  # as _items pads them: C-row items, the last one to the next item size
             full, rest = divmod(n, chunk)
-            computed = full * chunk + (padded_rows(rest) if rest else 0)
+            computed = full * chunk + (max(smallest, next_pow2(rest)) if rest else 0)
         else:  # as the layout pads hoisted and tail groups
             computed = padded_rows(n)
         stage = "loop" if looped else "hoisted" if depth == 1 else "tail"
@@ -389,21 +405,21 @@ class _Items(NamedTuple):
     saved_rows: list[int]  # per loop operation: rows its items' saved chunks take
 
 
-def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int,
+def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, num_examples: int,
            out_starts: Callable[[int, np.ndarray], np.ndarray]) -> _Items:
-    """Work items: one per loop chunk, size C or the next power of two >= 8. With saving, each loop
+    """Work items: one per loop chunk, its size the smallest of ``item_sizes`` that holds it. With saving, each loop
     operation's items keep what they save in rows of its own, one item after another in loop
     order (see ``Executor._saved_starts``)."""
     in_loop = _in_loop(groups)
     items = [c for c, g in enumerate(chunks.group) if in_loop[g]]
     loop_ops = tuple(sorted({int(groups.g_op[chunks.group[c]]) for c in items}))
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
-    sizes = item_sizes(chunk)
+    sizes = item_sizes(chunk, num_examples)
     size_pos = {s: i for i, s in enumerate(sizes)}
     out = _Items(loop_ops, [], [], [], [], [], [0] * len(loop_ops))
     for c in items:
         o, cnt = int(groups.g_op[chunks.group[c]]), chunks.count[c]
-        size = chunk if cnt == chunk else padded_rows(cnt)
+        size = max(sizes[0], next_pow2(cnt))
         out.branch.append(loop_pos[o] * len(sizes) + size_pos[size])
         out.node.append(chunks.start[c])
         out.count.append(cnt)
@@ -496,7 +512,7 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
     # Hoisted (depth-1) chunks, one per operation; tail chunks, one per (depth, operation).
     hoist_ops, hoist = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] == 1])
     tail_ops, tail = whole_groups([c for c, g in enumerate(chunks.group) if groups.g_depth[g] > loop_depth])
-    items = _items(program, groups, chunks, chunk, out_starts)
+    items = _items(program, groups, chunks, chunk, num_examples, out_starts)
     branch, node, count, items_out, saved = _item_arrays(items, A, dump_row)
     consts = _const_tables(rec, arena_rows)
     arrays = BatchArrays(consts, _input_rows(program, rec, groups, v_row, A + chunk), hoist, tail, branch, node,

@@ -58,7 +58,7 @@ def test_saved_buffers_hold_one_row_per_loop_row():
         if backward == "recompute":
             assert layout.saved_rows == ()
             continue
-        sizes = item_sizes(layout.chunk)
+        sizes = item_sizes(layout.chunk, layout.num_examples)
         n = int(arrays.n_items)
         branch = arrays.items_branch[:n]
         rows = np.array([sizes[b % len(sizes)] for b in branch])

@@ -98,9 +98,14 @@ def test_function_batches_across_examples():
         return 2 * x
 
     compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(jnp.abs) >> fd.Function(double)) >> fd.Sum())
-    out = compiler.apply({}, compiler.build_batch([[1, -2], [-3]]))
-    np.testing.assert_array_equal(np.asarray(out.outputs), [6, 6])
-    assert all(shape[0] >= 3 for shape in calls), calls  # one batched call covers all three elements
+    examples = [[1, -2], [-3, 4]]
+    out = compiler.apply({}, compiler.build_batch(examples))
+    np.testing.assert_array_equal(np.asarray(out.outputs), [6, 14])
+    assert calls  # traced: once per stage and item size that can run it
+    # One group (one batched call) covers the four elements of both examples.
+    double_op = next(o for o, op in enumerate(compiler.program.ops) if "double" in op.spec.label)
+    groups, _ = fd.schedule_profile(compiler, examples)
+    assert [g.rows for g in groups if g.op == double_op] == [4]
 
 
 def test_apply_refuses_a_batch_built_by_another_compiler():

@@ -79,7 +79,7 @@ def replay_writes(compiler: fd.Compiler, batch: fd.Batch) -> int:
                 arenas.write(t, int(groups.out[h, slot[(t, k)]]), nodes, drop=True)
 
     run_groups("hoist", layout.hoist_ops)
-    sizes = item_sizes(C)
+    sizes = item_sizes(C, layout.num_examples)
     slots_of_type: dict = {}  # every item writes a chunk per output slot any loop operation has
     for o in layout.loop_ops:
         for t, k in ops[o].out_slots:

@@ -115,9 +115,10 @@ def test_batch_stats_count_nodes_items_depth_and_rows():
     compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: 2 * x)) >> fd.Sum())
     batch = compiler.build_batch([list(range(32))])
     # 32 doubles (depth 1, hoisted), then a balanced sum of 32: adds at depths 2 to 6, one item each
-    # (the adds at depths 4 to 6 are within TAIL_DEPTH of the result, but those at depth 2 are not).
+    # (the adds at depths 4 to 6 are within TAIL_DEPTH of the result, but those at depth 2 are not),
+    # each at its own size (the batch has one example).
     assert batch.stats == fd.BatchStats(num_nodes=63, num_items=5, max_depth=6, rows=32 + 32 + 31,
-                                        type_rows=(32 + 32 + 31,), saved_rows=(16 + 4 * 8,),  # items of 16, 8, 8, 8, 8
+                                        type_rows=(32 + 32 + 31,), saved_rows=(16 + 8 + 4 + 2 + 1,),
                                         group_rows=(16, 8, 4, 2, 1))  # the adds, a depth each
     assert batch.layout.tail_ops == ()
     assert "nodes=63" in repr(batch)
@@ -261,7 +262,9 @@ def test_pick_chunk_takes_a_small_c_only_in_tiny_batches_where_it_adds_few_items
 
 
 def test_item_sizes_are_the_powers_of_two_from_min_item_to_c():
-    assert item_sizes(8) == (8,) and item_sizes(128) == (8, 16, 32, 64, 128)
+    assert item_sizes(8, 64) == (8,) and item_sizes(128, 5) == (8, 16, 32, 64, 128)
+    # Batches of a few examples have items of a row or a few: they run at their own size.
+    assert item_sizes(8, 4) == (1, 2, 4, 8) and item_sizes(32, 1) == (1, 2, 4, 8, 16, 32)
 
 
 def test_batches_of_large_groups_use_the_large_chunk_and_agree_with_the_small_one():
