@@ -45,7 +45,7 @@ from benchmarks import models
 from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
 from examples import sst
 from examples.common import COUNT, print_table
-from fold.scheduler.schedule import item_sizes
+from fold.scheduler.schedule import layout_item_sizes
 
 # Kinds of work, by the first pattern an op's name matches (XLA names fusions after what they hold).
 KINDS = (("matmul", r"dot|ynn_fusion|gemm|matmul"), ("scatter", r"scatter"), ("gather", r"gather"),
@@ -132,7 +132,7 @@ def op_rows(compiler: fd.Compiler, batch: fd.Batch) -> dict[int, int]:
     for ops, groups in ((layout.hoist_ops, arrays.hoist), (layout.tail_ops, arrays.tail)):
         for o, count in zip(ops, np.asarray(groups.count).tolist()):
             rows[o] += count
-    sizes = len(item_sizes(layout.chunk, layout.num_examples))
+    sizes = len(layout_item_sizes(layout))
     n = int(arrays.n_items)
     for branch, count in zip(np.asarray(arrays.items_branch)[:n].tolist(), np.asarray(arrays.items_count)[:n].tolist()):
         rows[layout.loop_ops[branch // sizes]] += count

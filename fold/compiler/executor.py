@@ -43,7 +43,7 @@ from jax import lax
 from jax.typing import DTypeLike
 
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout
-from fold.scheduler.schedule import MIN_ITEM, item_sizes, piece_rows
+from fold.scheduler.schedule import MIN_ITEM, item_sizes, layout_item_sizes, piece_rows
 from fold.typing import Params, PyTree
 
 if TYPE_CHECKING:
@@ -329,7 +329,7 @@ class Executor:
             if not (layout.saved_rows[q] and op.out_slots):  # no buffer: nothing to trace for
                 continue
             saved = self._saved_leaves(op, _abstract(self._params_for(op, lparams)), rng, float_types,
-                                       _sizes(layout))
+                                       layout_item_sizes(layout))
             if saved:
                 plans[q] = saved
         return plans
@@ -378,7 +378,7 @@ class Executor:
         # none, ``schedule._live_outputs``); if none has, no cotangent reaches the op at all.
         rows = max(layout.arena_rows[t] for t in op.out_tidx)
         piece = min(rows, WEIGHT_PIECE)
-        item, j, valid = _op_rows(arrays, q, len(_sizes(layout)), rows)
+        item, j, valid = _op_rows(arrays, q, len(layout_item_sizes(layout)), rows)
         S = arrays.in_idx.shape[0]  # past every arena's rows: reads there give zeros
         idx = arrays.in_idx[arrays.items_node[item] + j][:, :len(op.in_tidx)]
         op_rows = _Rows(jnp.where(valid[:, None], idx, idx[:1]), valid,
@@ -408,7 +408,7 @@ class Executor:
         one's padded rows end, so a padded tail lands only on rows a later item of the same
         operation writes, or on its region's spill rows), or the ``C`` dump rows past the end
         when its operation keeps nothing there."""
-        q = arrays.items_branch[i] // len(_sizes(layout))
+        q = arrays.items_branch[i] // len(layout_item_sizes(layout))
         starts = []
         for first_rows, rows in zip(buffers.first_rows, buffers.rows):
             first = jnp.asarray(first_rows)[q]
@@ -418,7 +418,7 @@ class Executor:
     def _branch_table(self, layout: BatchLayout, make: Callable[[int, CompiledOp, int], _Branch]) -> list[_Branch]:
         """The loop's ``lax.switch`` table: ``make(q, op, size)`` for each loop operation ``q`` and
         item size, in the order ``BatchArrays.items_branch`` numbers them (``item_sizes``)."""
-        return [make(q, self.ops[o], size) for q, o in enumerate(layout.loop_ops) for size in _sizes(layout)]
+        return [make(q, self.ops[o], size) for q, o in enumerate(layout.loop_ops) for size in layout_item_sizes(layout)]
 
     def _forward_branches(self, layout: BatchLayout, k_out: dict[int, int], plans: dict[int, _Plan],
                           buffers: _SavedBuffers, float_types: list[int]) -> list[_Branch]:
@@ -720,11 +720,6 @@ class _SavedBuffers(NamedTuple):
                 of_leaves[q].append(b)
         rows = tuple(end - chunk for end in ends)
         return cls(tuple((shape, dtype) for shape, dtype, _ in keys), rows, tuple(first), of_leaves)
-
-
-def _sizes(layout: BatchLayout) -> tuple[int, ...]:
-    """The item sizes of ``layout``'s loop, as ``BatchArrays.items_branch`` numbers them."""
-    return item_sizes(layout.chunk, layout.num_examples)
 
 
 def _op_rows(arrays: BatchArrays, q: int, n_sizes: int, rows: int) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -46,7 +46,7 @@ from typing import TypeAlias
 import numpy as np
 
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, GroupArrays, MetricArrays
-from fold.scheduler.schedule import TINY_BATCH, arena_rows_for, item_sizes, next_pow2, padded_rows, piece_rows
+from fold.scheduler.schedule import TINY_BATCH, arena_rows_for, layout_item_sizes, next_pow2, padded_rows, piece_rows
 
 __all__ = ["ARENA_HEADROOM_CAP", "MAX_GROWTH", "PLAN_AHEAD", "SAVED_SHARE", "SPREAD", "LayoutPolicy", "computed_rows",
            "empty", "fits", "join", "pad_to", "sample_ahead", "saved_floor"]
@@ -225,7 +225,7 @@ def pad_to(batch: Batch, layout: BatchLayout, type_shapes: Sequence[TypeShape]) 
             if have.get(o) and rows > have[o]:
                 raise ValueError(f"operation {o}'s loop items save {rows} rows, more than the {have[o]} of {layout}")
     A, C = layout.size_class, layout.chunk
-    n_sizes = len(item_sizes(C, layout.num_examples))
+    n_sizes = len(layout_item_sizes(layout))
     position = np.asarray([layout.loop_ops.index(o) for o in need.loop_ops] or [0], np.int32)
     n = int(a.n_items)
     branch = a.items_branch.copy()
@@ -254,7 +254,7 @@ def computed_rows(batch: Batch) -> int:
     tail group's rows rounded up to whole pieces of its layout's size (the executor's
     ``_group_forward``)."""
     layout, a = batch.layout, batch.arrays
-    sizes = np.asarray(item_sizes(layout.chunk, layout.num_examples))
+    sizes = np.asarray(layout_item_sizes(layout))
     n = int(a.n_items)
     rows = int(sizes[a.items_branch[:n] % len(sizes)].sum())
     for groups, group_sizes in ((a.hoist, layout.hoist_sizes), (a.tail, layout.tail_sizes)):

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from fold.scheduler.program import Program
 
 __all__ = ["check_constants", "schedule", "next_pow2", "pick_chunk", "item_sizes", "profile", "GroupProfile",
-           "piece_rows", "padded_rows", "arena_rows_for", "stream_chunk", "MIN_ITEM", "PIECES"]
+           "piece_rows", "padded_rows", "layout_item_sizes", "arena_rows_for", "stream_chunk", "MIN_ITEM", "PIECES"]
 
 MIN_ITEM = 8
 # What a loop item costs besides its rows, in rows: ``pick_chunk`` prices an item of C rows at
@@ -120,6 +120,16 @@ def item_sizes(chunk: int, num_examples: int) -> tuple[int, ...]:
     """
     low = 1 if num_examples <= TINY_BATCH else MIN_ITEM
     return tuple(1 << k for k in range(low.bit_length() - 1, chunk.bit_length()))
+
+
+def layout_item_sizes(layout: BatchLayout) -> tuple[int, ...]:
+    """``item_sizes`` of ``layout``'s loop, in the order ``BatchArrays.items_branch`` numbers them."""
+    return item_sizes(layout.chunk, layout.num_examples)
+
+
+def _item_size(count: int, sizes: tuple[int, ...]) -> int:
+    """The smallest of the item sizes ``sizes`` (a ladder of powers of two) that holds ``count`` rows."""
+    return max(sizes[0], next_pow2(count))
 
 
 def pick_chunk(group_rows: np.ndarray, chunks: tuple[int, ...], size_class: int, num_examples: int = 1) -> int:
@@ -303,13 +313,13 @@ def profile(program: Program, rec: Recorded, chunk: int, num_examples: int) -> l
     the order they run."""
     n_depth, loop_depth = _depths(program, rec)
     groups = _sort(rec.n_op, n_depth, loop_depth)
-    smallest = item_sizes(chunk, num_examples)[0]
+    sizes = item_sizes(chunk, num_examples)
     out = []
     for looped, depth, op, n in zip(_in_loop(groups).tolist(), groups.g_depth.tolist(), groups.g_op.tolist(),
                                     groups.g_count.tolist()):
         if looped:  # as _items pads them: C-row items, the last one to the next item size
             full, rest = divmod(n, chunk)
-            computed = full * chunk + (max(smallest, next_pow2(rest)) if rest else 0)
+            computed = full * chunk + (_item_size(rest, sizes) if rest else 0)
         else:  # as the layout pads hoisted and tail groups
             computed = padded_rows(n)
         stage = "loop" if looped else "hoisted" if depth == 1 else "tail"
@@ -419,7 +429,7 @@ def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, num_e
     out = _Items(loop_ops, [], [], [], [], [], [0] * len(loop_ops))
     for c in items:
         o, cnt = int(groups.g_op[chunks.group[c]]), chunks.count[c]
-        size = max(sizes[0], next_pow2(cnt))
+        size = _item_size(cnt, sizes)
         out.branch.append(loop_pos[o] * len(sizes) + size_pos[size])
         out.node.append(chunks.start[c])
         out.count.append(cnt)
