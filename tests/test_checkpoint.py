@@ -29,7 +29,7 @@ def _trained(steps: int = 3):
     opt_state = optimizer.init(params)
     batch = compiler.build_batch([[[1.0, 2.0]], [[0.5, -1.0], [2.0, 0.0]]])
     for _ in range(steps):
-        grads = jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2))(params)
+        grads = jax.jit(jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2)))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
     return compiler, optimizer, params, opt_state, batch
@@ -49,7 +49,7 @@ def test_params_and_optimizer_state_round_trip(tmp_path):
     np.testing.assert_array_equal(compiler.apply(restored["params"], batch).outputs,
                                   compiler.apply(params, batch).outputs)
     # Training goes on from the restored state exactly as from the original.
-    grads = jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs))(params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs)))(params)
     a = optimizer.update(grads, opt_state, params)[0]
     b = optimizer.update(grads, restored["opt_state"], restored["params"])[0]
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):

@@ -55,6 +55,7 @@ def test_metric_values_and_their_count_are_compared_per_example():
     assert np.asarray(compiler.apply(params, batch).metrics["m0"].count()) == len(examples)
 
 
+@pytest.mark.slow  # a whole fuzz case in six modes; the fuzz run and -m slow replay it
 def test_a_case_with_ties_under_init_params_matches():
     """Seed 1021 (``Max`` over ``tanh(b)`` with zero biases and an empty ``Sum``'s zeros) failed
     while cases used ``init``'s parameters: exact ties, where fold's pairwise tree and the
@@ -78,6 +79,7 @@ def test_float32_rounding_of_a_cancelling_output_is_no_mismatch():
         assert_close(np.float32([1000.0, 0.12]), np.float32([1000.0, 0.1]), RTOL, ATOL, "")
 
 
+@pytest.mark.slow  # a whole fuzz case in six modes
 def test_seed_1813_matches():
     """The case whose output differed from the reference by float32 rounding (above)."""
     assert run_case(Case.draw(1813))[1] == 6

@@ -62,7 +62,7 @@ def paths(x: dict) -> int:
 
 
 def loss_and_grads(compiler: fd.Compiler, params: dict, batch: fd.Batch):
-    return jax.value_and_grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch).outputs)))(params)
+    return jax.jit(jax.value_and_grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))))(params)
 
 
 def test_a_dag_is_computed_once_per_distinct_node_with_the_tree_expansions_values_and_gradients():
@@ -115,7 +115,7 @@ def test_the_gradient_of_a_shared_input_is_the_sum_over_its_uses_checked_numeric
     compiler = fd.Compiler.create(model)
     params = compiler.init(jax.random.key(2))
     batch = compiler.build_batch([root])
-    g = jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2))(params)["node_fc"]["b"]
+    g = jax.jit(jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2)))(params)["node_fc"]["b"]
     eps = 1e-3
     for i in range(DIM):
         step = {"node_fc": {"w": params["node_fc"]["w"], "b": params["node_fc"]["b"].at[i].add(eps)}}

@@ -109,7 +109,7 @@ def test_concat_takes_scalars_as_vectors_of_one():
     x = np.asarray([[*v, a, b] for v, a, b in examples], np.float32)
     w, bias = params["fc"]["w"], params["fc"]["b"]
     np.testing.assert_allclose(compiler.apply(params, batch).outputs, x @ w + bias, rtol=1e-6)
-    grads = jax.grad(lambda p: compiler.apply(p, batch).outputs.sum())(params)
+    grads = jax.jit(jax.grad(lambda p: compiler.apply(p, batch).outputs.sum()))(params)
     np.testing.assert_allclose(grads["fc"]["w"], np.repeat(x.sum(0)[:, None], 2, axis=1), rtol=1e-6)
     with pytest.raises(TypeError, match="along dimension 1: ranks differ or are too small"):
         fd.Record((fd.Scalar(), fd.Scalar())) >> fd.Concat(concat_dim=1)

@@ -19,6 +19,7 @@ from fold.compiler.saving import saved_buffer_bytes
 from fold.scheduler.schedule import item_sizes, padded_rows
 from tests.compiler.test_randomness import _functions
 from tests.models import MODELS, enable_x64
+from tests.params import diagonal
 
 
 def _grads(block: fd.Block, backward: str, examples: list, key: jax.Array | None = None, defer_batch: int | None = None,
@@ -37,8 +38,7 @@ def _assert_same(a: dict, b: dict) -> None:
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-13)
 
 
-@pytest.mark.parametrize("chunk", [(128, 512), 8])
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name, chunk", diagonal(sorted(MODELS), [(128, 512), 8]))
 def test_saved_backward_gives_the_recomputed_gradients(name, chunk):
     # C = 8 cuts depths into several items, with padded remainders, per operation.
     with enable_x64():
@@ -136,7 +136,7 @@ def test_padded_rows_stay_finite_with_saved_rows():
         compiler = fd.Compiler.create(model, backward=backward)
         params = {"fc": {"w": jnp.ones((2, 1)), "b": jnp.zeros((1,))}}
         batch = compiler.build_batch(examples)
-        grads[backward] = jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs))(params)
+        grads[backward] = jax.jit(jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs)))(params)
         assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads[backward]))
     for a, b in zip(jax.tree_util.tree_leaves(grads["save"]), jax.tree_util.tree_leaves(grads["recompute"])):
         np.testing.assert_allclose(a, b, rtol=1e-5)

@@ -25,7 +25,7 @@ def _outputs_and_grads(compiler: fd.Compiler):
     return run
 
 
-@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize("seed", [0, pytest.param(3, marks=pytest.mark.slow)])
 def test_runs_builds_and_worker_counts_agree_bitwise(seed):
     model = random_model(seed, n=48)
     compiler = fd.Compiler.create(model.block)

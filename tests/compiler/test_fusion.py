@@ -17,7 +17,7 @@ def _two_ways(make, examples):
         compiler = fd.Compiler.create(make(), fuse=fuse)
         params = compiler.init(jax.random.key(0))
         batch = compiler.build_batch(examples)
-        grads = jax.grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch).outputs)))(params)
+        grads = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))))(params)
         # Each make() makes new layers, with new names: compare them by their place in the model.
         grads = {compiler.program.layer_seeds[name]: g for name, g in grads.items()}
         labels = [op.spec.label for op in compiler.program.ops]

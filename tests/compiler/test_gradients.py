@@ -91,7 +91,7 @@ def test_non_trainable_layer_gets_zero_gradient():
     params = compiler.init(jax.random.key(0))
     np.testing.assert_array_equal(params["embedding"]["table"], table)
     batch = compiler.build_batch([[0, 1], [3]])
-    grads = jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2))(params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2)))(params)
     assert not np.any(np.asarray(grads["embedding"]["table"]))
     assert np.any(np.asarray(grads["fc"]["w"]))
 
@@ -217,8 +217,8 @@ def test_vmap_over_parameter_sets_equals_each_set_alone():
         def loss(p):
             return jnp.sum(jnp.sin(compiler.apply(p, batch).outputs))
 
-        outputs = jax.vmap(lambda p: compiler.apply(p, batch).outputs)(stacked)
-        grads = jax.vmap(jax.grad(loss))(stacked)
+        outputs = jax.jit(jax.vmap(lambda p: compiler.apply(p, batch).outputs))(stacked)
+        grads = jax.jit(jax.vmap(jax.grad(loss)))(stacked)
         assert outputs.shape == (3, len(trees)) and outputs.dtype == jnp.float64
         for k, p in enumerate(sets):
             np.testing.assert_allclose(outputs[k], [jnp.sum(reference(p, t)) for t in trees], rtol=1e-12)
@@ -271,7 +271,7 @@ def test_mutually_recursive_declarations_with_layers_match_an_unbatched_evaluati
     batch = compiler.build_batch(examples)
     np.testing.assert_allclose(compiler.apply(params, batch).outputs,
                                [jnp.sum(jnp.sin(reference(params, e, 0))) for e in examples], rtol=1e-5, atol=1e-6)
-    value, grads = jax.value_and_grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2))(params)
+    value, grads = jax.jit(jax.value_and_grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2)))(params)
     want_value, want_grads = jax.value_and_grad(expected_loss)(params)
     np.testing.assert_allclose(value, want_value, rtol=1e-5)
     for (path, g), want in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(want_grads)):

@@ -19,7 +19,7 @@ def test_a_nan_input_is_named_with_its_example():
     examples = [[[1.0, 2.0]], [[3.0, 4.0], [1.0, 1.0]], [[1.0, float("nan")]], [[0.5, float("inf")]]]
     # Batched, the NaN poisons every gradient; check_numerics finds where it came from.
     batch = compiler.build_batch(examples)
-    grads = jax.grad(lambda p: compiler.apply(p, batch).outputs[:2].sum())(params)
+    grads = jax.jit(jax.grad(lambda p: compiler.apply(p, batch).outputs[:2].sum()))(params)
     assert not all(bool(jnp.isfinite(g).all()) for g in jax.tree_util.tree_leaves(grads))
     with pytest.raises(FloatingPointError, match=r"^example 12 \(position 2\): an input value of type "
                                                  r"TensorType\(\(2,\), 'float32'\).*not finite: \[1.0, nan\]"):

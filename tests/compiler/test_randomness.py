@@ -183,7 +183,8 @@ def _functions(block: fd.Block) -> list:
     return out
 
 
-@pytest.mark.parametrize("cell", [fd.LSTMCell(4, recurrent_dropout=0.5), fd.GRUCell(4, recurrent_dropout=0.5)])
+@pytest.mark.parametrize("cell", [fd.LSTMCell(4, recurrent_dropout=0.5),
+                                  pytest.param(fd.GRUCell(4, recurrent_dropout=0.5), marks=pytest.mark.slow)])
 def test_sequence_cells_with_recurrent_dropout(cell):
     compiler = fd.Compiler.create(fd.Map(fd.Vector(3)) >> fd.RNN(cell) >> fd.GetItem(0) >> fd.Sum())
     params = compiler.init(jax.random.key(0))
@@ -192,7 +193,7 @@ def test_sequence_cells_with_recurrent_dropout(cell):
     plain = compiler.apply(params, batch).outputs
     noisy = compiler.apply(params, batch, jax.random.key(0)).outputs
     assert np.all(np.isfinite(noisy)) and not np.allclose(plain, noisy)
-    grads = jax.grad(lambda p: compiler.apply(p, batch, jax.random.key(0)).outputs.sum())(params)
+    grads = jax.jit(jax.grad(lambda p: compiler.apply(p, batch, jax.random.key(0)).outputs.sum()))(params)
     assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
 

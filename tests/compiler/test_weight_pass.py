@@ -13,6 +13,7 @@ from fold.compiler.executor import DEFER_BATCH
 from tests.compiler.test_backward import _assert_same, _grads
 from tests.compiler.test_randomness import _functions
 from tests.models import MODELS, enable_x64
+from tests.params import diagonal
 
 
 def _deferred(block: fd.Block, examples: list, key: jax.Array | None = None) -> list[str]:
@@ -25,11 +26,12 @@ def _deferred(block: fd.Block, examples: list, key: jax.Array | None = None) -> 
     return sorted(compiler.executor.ops[layout.loop_ops[q]].layer.name for q in after)
 
 
-@pytest.mark.parametrize(("chunk", "backward"), [(8, "save"), (8, "recompute"), ((128, 512), "save")])
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_the_pass_gives_the_per_item_gradients(name, chunk, backward):
+@pytest.mark.parametrize(("name", "setting"), diagonal(sorted(MODELS), [(8, "save"), (8, "recompute"),
+                                                                       ((128, 512), "save")]))
+def test_the_pass_gives_the_per_item_gradients(name, setting):
     # C = 8 cuts a depth into several items, with padded remainders, so an operation's rows come
     # from many items, and a saving batch reads its saved rows back from several regions.
+    chunk, backward = setting
     with enable_x64():
         block, _, examples = MODELS[name](dtype="float64", n=8)
         _assert_same(_grads(block, backward, examples, defer_batch=DEFER_BATCH, chunk_size=chunk),
@@ -77,7 +79,8 @@ def test_a_bidirectional_tagger_gets_the_same_gradients():
         compiler = fd.Compiler.create(block, chunk_size=8)  # one item size: one branch per operation
         compiler.executor.defer_batch = defer_batch
         batch = compiler.build_batch(examples)
-        return jax.grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum())(compiler.init(jax.random.key(1)))
+        loss = jax.jit(jax.grad(lambda p: compiler.apply(p, batch).metrics["loss"].sum()))
+        return loss(compiler.init(jax.random.key(1)))
 
     deferred, per_item = grads(DEFER_BATCH), grads(0)
     assert jax.tree_util.tree_structure(deferred) == jax.tree_util.tree_structure(per_item)

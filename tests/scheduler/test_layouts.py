@@ -36,7 +36,7 @@ def _shapes(compiler: fd.Compiler) -> list:
 
 
 # Seeds 0-2 cover both backward modes and chunk sizes, with and without headroom; 3-5 are slow.
-@pytest.mark.parametrize("seed", [0, 1, *(pytest.param(s, marks=pytest.mark.slow) for s in (2, 3, 4, 5))])
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2, 3, 4, 5))])
 def test_a_padded_batch_computes_what_the_exact_one_does(seed):
     """Two batches of one random model, each padded into the join of both layouts: every row is
     still written once and read after (host replay), and outputs and gradients are the exact
