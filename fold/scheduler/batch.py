@@ -2,9 +2,9 @@
 
 Notation (see ``docs/design.md``): ``A`` is the batch's size class (a power of two bounding
 its rows, nodes and metric entries), ``C`` the most rows of a loop work item, ``B`` the number
-of examples. Nodes (operation calls) are numbered in sorted (depth, operation) order; a *group*
-is one operation's nodes at one depth; each arena type's rows hold its constants, then node
-outputs, then ``C`` dump rows for padded writes.
+of examples. Nodes (operation calls) are numbered in sorted (step, operation) order; a *group*
+is one operation's nodes at one step (its depth, or a step of ``levels.py``); each arena type's
+rows hold its constants, then node outputs, then ``C`` dump rows for padded writes.
 """
 
 from __future__ import annotations
@@ -81,11 +81,11 @@ class BatchStats(NamedTuple):
 
     num_nodes: int            # operation calls
     num_items: int            # loop work items (iterations of the while_loop)
-    max_depth: int            # deepest node
+    max_depth: int            # the schedule's last step (tail included; the deepest depth where depths stay)
     rows: int                 # arena rows used by the fullest type (<= size_class)
     type_rows: tuple[int, ...]          # arena rows used, per arena type (constants and node outputs)
     saved_rows: tuple[int, ...] = ()  # per loop operation, rows its items would save (fold/compiler/saving.py decides)
-    group_rows: tuple[int, ...] = ()  # rows of each loop group (the node calls of one operation at one depth)
+    group_rows: tuple[int, ...] = ()  # rows of each loop group (the node calls of one operation at one step)
 
 
 class HostInfo(NamedTuple):

@@ -2,7 +2,7 @@
 
 Layout (see docs/design.md). One *arena* per tensor type holds, in order,
 that type's constants and then every node output, nodes sorted by
-(depth, operation); each (depth, operation) *group* is cut into chunks
+(step, operation); each (step, operation) *group* is cut into chunks
 and each chunk owns one contiguous row range per output. The size class
 ``A = next_pow2(max(rows of the fullest type, nodes, metric entries))``
 sizes the per-node input index table (``A + C`` rows), the work list and
@@ -15,7 +15,8 @@ the loop over all their rows (padded to a power of two). Operations whose
 every call is at most ``TAIL_DEPTH`` steps from a result (a per-node readout and its loss, say)
 run *after* the loop, once per level, over all their rows (padded to a
 power of two): their nodes get depths past the loop's deepest, ordered by
-that distance (see ``_tail``).
+that distance (see ``_tail``). The loop's nodes run at their depths or, where
+that makes fewer groups, at steps of a list schedule (``levels.py``).
 The remaining groups are cut into *work items* of ``C`` rows plus one
 remainder rounded up to a power of two (>= 8); the jitted ``while_loop``
 runs one item per iteration. ``C`` is chosen from the compiler's candidates,
@@ -34,6 +35,7 @@ import numpy as np
 from fold.errors import InvalidConstant
 from fold.scheduler.batch import Batch, BatchArrays, BatchLayout, BatchStats, GroupArrays, HostInfo, MetricArrays
 from fold.scheduler.builder import Recorded
+from fold.scheduler.levels import loop_steps
 
 if TYPE_CHECKING:
     from fold.scheduler.program import Program
@@ -292,10 +294,11 @@ def _depths(program: Program, rec: Recorded) -> tuple[np.ndarray, int]:
     consumer = np.repeat(np.arange(len(rec.n_op)), n_in)
     producer = rec.v_node[rec.n_inputs]
     computed = producer >= 0
-    dist = _tail(rec.n_op, producer[computed], consumer[computed], len(program.ops))
+    producer, consumer = producer[computed], consumer[computed]
+    dist = _tail(rec.n_op, producer, consumer, len(program.ops))
     tail = dist >= 0
-    loop_depth = int(rec.n_depth[~tail].max(initial=1))
-    return np.where(tail, loop_depth + 1 + TAIL_DEPTH - dist, rec.n_depth), loop_depth
+    depth, loop_depth = loop_steps(rec.n_op, rec.n_depth, producer, consumer, (rec.n_depth > 1) & ~tail)
+    return np.where(tail, loop_depth + 1 + TAIL_DEPTH - dist, depth), loop_depth
 
 
 class GroupProfile(NamedTuple):
