@@ -3,10 +3,11 @@
 The backward loop can add each loop item's parameter cotangent (its ``xᵀ·dY`` and an addition of
 the whole parameter to the running sum) as it goes, or leave them to one pass after the loop
 over all of an operation's rows (``Executor._weight_pass``), which gathers the rows again and
-recomputes their element-wise work. fold picks the pass for batches of at most
-``fold.compiler.executor.DEFER_BATCH`` examples. This times both, taking turns in one process,
-on the SST Tree-LSTM (trees) and ``examples.tagger``'s BiLSTM tagger with character LSTMs on SST's
-words (chains), training steps on
+recomputes their element-wise work. fold picks the pass for an operation whose items hold few
+rows for its parameters' size (``fold.compiler.executor.WEIGHT_PASS_SHARE``). This times both,
+taking turns in one process, on the SST Tree-LSTM (trees), ``examples.tagger``'s BiLSTM tagger
+with character LSTMs on SST's words (chains) and the GGNN example (graphs, H 32: items of many
+rows for small layers), training steps on
 the first batch of a stream, under the default ``backward="auto"``, and checks that both give
 the same parameters. Each step over its loop items is the cost of a loop item: at batch 1, where
 an item holds a row or two, it is what one loop iteration (forward and backward) costs.
@@ -30,24 +31,27 @@ import optax
 import fold as fd
 from benchmarks import models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
-from examples import sst, tagger
+from examples import ggnn, sst, tagger
 from examples.common import COUNT, print_table
 
-WAYS = {"per item": 0, "after the loop": 1 << 30}  # Executor.defer_batch for each way
+WAYS = {"per item": False, "after the loop": True}  # Executor.weight_pass for each way
 
 
 def measure(name: str, make: Callable[[], fd.Block], examples: list, batch_size: int, repeats: int) -> dict[str, Any]:
     """Median step time of each way on ``make()``'s first batch of ``batch_size`` examples."""
     steps: dict[str, Callable[[], Any]] = {}
     updated = {}
-    for way, defer_batch in WAYS.items():
+    for way, weight_pass in WAYS.items():
         compiler = fd.Compiler.create(make())
-        compiler.executor.defer_batch = defer_batch
+        compiler.executor.weight_pass = weight_pass
         params = compiler.init(jax.random.key(0))
         optimizer = optax.sgd(0.05)
         step = make_train_step(compiler, optimizer)
         batch = jax.device_put(next(iter(compiler.batches(examples[:batch_size * 16], batch_size))))
         items = int(batch.arrays.n_items)
+        layout = batch.layout
+        shares = [compiler.executor.item_share(o, params[compiler.program.ops[o].layer.name], rows)
+                  for o, rows in zip(layout.loop_ops, layout.item_rows) if compiler.program.ops[o].layer is not None]
         args = (params, optimizer.init(params), batch, None)
         updated[way] = jax.block_until_ready(step(*args))[0]
         steps[way] = lambda step=step, args=args: jax.block_until_ready(step(*args))
@@ -56,7 +60,7 @@ def measure(name: str, make: Callable[[], fd.Block], examples: list, batch_size:
     ms = {way: 1000 * s for way, s in interleaved_medians(steps, repeats).items()}
     return {"model": name, "batch_size": batch_size, "ms": ms, "speedup": ms["per item"] / ms["after the loop"],
             "loop_items": items, "us_per_item": {way: 1000 * t / items for way, t in ms.items()},
-            "largest_param_gap": gap}
+            "largest_param_gap": gap, "item_shares": shares}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -72,8 +76,10 @@ def main(argv: list[str] | None = None) -> dict:
     random.Random(0).shuffle(trees)
     word_idx = sst.vocabulary(trees)
     tagged = tagger.examples_of(trees)
+    graphs = ggnn.make_data(random.Random(0), 16 * max(args.batch_sizes), (10, 30), 0.3, 4)
     cases = (("SST Tree-LSTM", lambda: models.sst_model(word_idx, args.hidden), trees),
-             ("BiLSTM tagger", lambda: models.tagger_model(tagged, args.hidden), tagged))
+             ("BiLSTM tagger", lambda: models.tagger_model(tagged, args.hidden), tagged),
+             ("GGNN", lambda: ggnn.build_model(32, 4), graphs))
     runs = []
     for name, make, examples in cases:
         for batch_size in args.batch_sizes:
@@ -86,17 +92,17 @@ def main(argv: list[str] | None = None) -> dict:
                 [[r["model"], r["batch_size"], *(f"{r['ms'][w]:.1f}" for w in WAYS), f"{r['speedup']:.2f}",
                   r["loop_items"], *(f"{r['us_per_item'][w]:.0f}" for w in WAYS)] for r in runs])
     result = {"runs": runs, "hidden": args.hidden, "repeats": args.repeats,
-              "defer_batch": fd.compiler.executor.DEFER_BATCH}
+              "weight_pass_share": fd.compiler.executor.WEIGHT_PASS_SHARE}
 
     def plot(path: pathlib.Path) -> None:
         with figure(path) as ax:
             for name, _, _ in cases:
                 mine = [r for r in runs if r["model"] == name]
-                ax.plot([r["batch_size"] for r in mine], [r["speedup"] for r in mine], marker="o", label=name)
+                ax.plot([max(r["item_shares"]) for r in mine], [r["speedup"] for r in mine], marker="o", label=name)
             ax.axhline(1, color="k", lw=0.5)
-            ax.axvline(fd.compiler.executor.DEFER_BATCH, color="gray", ls=":", label="DEFER_BATCH")
+            ax.axvline(fd.compiler.executor.WEIGHT_PASS_SHARE, color="gray", ls=":", label="WEIGHT_PASS_SHARE")
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("batch size")
+            ax.set_xlabel("item rows x widths / parameter entries (largest loop layer)")
             ax.set_ylabel("step time per item / after the loop")
             ax.legend(fontsize=7)
 

@@ -33,6 +33,7 @@ See ``docs/design.md``. In short:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -112,12 +113,19 @@ _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 # cotangents (``Executor._weight_pass``): its ``xᵀ·dY`` runs on this many rows at a time, at the
 # matmul rate of large calls, while its last piece wastes at most this many rows.
 WEIGHT_PIECE = 512
-# Batches of at most this many examples leave their loop operations' parameter cotangents to that
-# pass. A loop item's ``xᵀ·dY`` and its addition to the running cotangent write the whole parameter
-# whatever the item's rows, while the pass computes each row's element-wise work once more and
-# gathers its rows again. A depth holds about as many rows as the batch has examples (a chain's
-# exactly), so the batch size says which costs more, and, being part of the layout, adds no
-# compilation. Measured on a 2-core CPU (``benchmarks.weight_pass``).
+# A loop operation leaves its parameters' cotangents to that pass when its items hold few rows
+# for the size of its parameters: ``item rows x (input + output widths) <= WEIGHT_PASS_SHARE x
+# parameter entries`` (``Executor.item_share``). A loop item's ``xᵀ·dY`` and its addition to the
+# running cotangent write the whole parameter whatever the item's rows, while the pass gathers
+# each row again and computes its element-wise work once more, in proportion to its widths. The
+# items' mean rows are part of the layout (``BatchLayout.item_rows``, rounded up to a power of
+# two), so this adds no compilation. Measured on a 2-core CPU, taking turns: the pass was 7-9 %
+# faster for the SST Tree-LSTM (H 150) at 16-25 trees (share 0.25) and for a BiLSTM tagger (H 50)
+# at 16 sentences (word LSTMs 0.17, character LSTMs 1.0); item by item 20-25 % faster for the GGNN
+# example at 8 graphs (its GRU 2.6, its message layer 7.8) and 7-11 % at 32.
+WEIGHT_PASS_SHARE = 2.0
+# ... and only in batches of at most this many examples: the SST Tree-LSTM's step at 128 and 256
+# trees (share 0.5) ran 18-19 % faster item by item (``benchmarks.weight_pass``), at 64 4 %.
 DEFER_BATCH = 32
 
 # What ``backward="save"`` keeps of a loop item: its matmuls' outputs. The backward pass recomputes
@@ -140,9 +148,9 @@ class Executor:
         self.ops = program.ops
         self.float_types = [t for t, tt in enumerate(self.types) if _is_float(tt.dtype)]
         self._reads_key: dict[int, bool] = {}  # per operation: whether its function reads its key
-        # Batches of at most this many examples compute loop weight cotangents after the loop
-        # (``_weights_after``); benchmarks set it to compare both ways.
-        self.defer_batch = DEFER_BATCH
+        # Where loop weight cotangents are summed (``_weights_after``): None lets each batch's
+        # layout decide; benchmarks and tests set True (after the loop) or False (item by item).
+        self.weight_pass: bool | None = None
 
     # ------------------------------------------------------------- helpers
     def _params_for(self, op: CompiledOp, params: Params) -> PyTree:
@@ -336,11 +344,12 @@ class Executor:
 
     def _weights_after(self, layout: BatchLayout, lparams: Params, key: jax.Array | None) -> tuple[int, ...]:
         """The loop operations (positions in ``layout.loop_ops``) whose parameters' cotangents the
-        backward pass computes after its loop (``_weight_pass``) rather than item by item: in a
-        batch of at most ``defer_batch`` examples, those with a layer and a float output whose
-        function reads no key. A loop item's key depends on the item, so a random draw does
-        too, and only the item can repeat it."""
-        if layout.num_examples > self.defer_batch:
+        backward pass computes after its loop (``_weight_pass``) rather than item by item: those
+        with a layer and a float output whose function reads no key, and whose items hold few
+        rows for their parameters' size (``WEIGHT_PASS_SHARE``), unless ``weight_pass`` says.
+        A loop item's key depends on the item, so a random draw does too, and only the item can
+        repeat it."""
+        if self.weight_pass is False:
             return ()
         rng = None if key is None else jax.eval_shape(lambda k: _fold(k, _LOOP_STREAM, 0), key)
         after = []
@@ -348,10 +357,23 @@ class Executor:
             op = self.ops[o]
             if op.layer is None or not any(_is_float(self.types[t].dtype) for t in op.out_tidx):
                 continue
-            if rng is not None and self._reads(o, self._params_for(op, lparams), rng):
+            p = self._params_for(op, lparams)
+            if rng is not None and self._reads(o, p, rng):
+                continue
+            if self.weight_pass is None and (layout.num_examples > DEFER_BATCH
+                                             or self.item_share(o, p, layout.item_rows[q]) > WEIGHT_PASS_SHARE):
                 continue
             after.append(q)
         return tuple(after)
+
+    def item_share(self, o: int, p: PyTree, item_rows: int) -> float:
+        """``item_rows x (input + output widths) / parameter entries`` of operation ``o`` with
+        parameters ``p``: what a loop item's rows cost the weight pass against what the item's own
+        weight cotangent costs (``WEIGHT_PASS_SHARE``)."""
+        op = self.ops[o]
+        width = sum(math.prod(self.types[t].shape) for t in (*op.in_tidx, *op.out_tidx))
+        entries: int = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(p))
+        return item_rows * width / max(entries, 1)
 
     def _reads(self, o: int, p: PyTree, rng: jax.ShapeDtypeStruct) -> bool:
         """Whether operation ``o``'s function reads its key (passes it to anything at all)."""

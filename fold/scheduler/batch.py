@@ -40,6 +40,8 @@ class BatchLayout(NamedTuple):
     chunk: int = 128          # C: the most rows of a work item, and each arena's dump rows
     saved_rows: tuple[int, ...] = ()    # if the backward saves: per loop operation, rows of its saved buffers before C
     #                           spill rows (set by fold/compiler/saving.py, not by the scheduler)
+    item_rows: tuple[int, ...] = ()     # per loop operation, its items' mean rows rounded up to a power of two
+    #                           (where the executor computes its parameters' cotangents, ``_weights_after``)
 
 
 class GroupArrays(NamedTuple):

@@ -128,18 +128,17 @@ def _greedy(column: np.ndarray, rank: np.ndarray, height: np.ndarray, nodes: np.
     ready: list[list[int]] = [[] for _ in range(columns)]
     top_rank, top_height = [0] * columns, [0] * columns  # highest rank and height of the ready
 
-    def make_ready(c: int) -> None:
-        k, r, h = col[c], ranks[c], heights[c]
-        ready[k].append(c)
-        blocked[k][r] -= 1
-        if r > top_rank[k]:
-            top_rank[k] = r
-        if h > top_height[k]:
-            top_height[k] = h
+    def make_ready(new: list[int]) -> None:
+        for c in new:
+            k, r, h = col[c], ranks[c], heights[c]
+            ready[k].append(c)
+            blocked[k][r] -= 1
+            if r > top_rank[k]:
+                top_rank[k] = r
+            if h > top_height[k]:
+                top_height[k] = h
 
-    for c in nodes.tolist():
-        if not waiting[c]:
-            make_ready(c)
+    make_ready([c for c in nodes.tolist() if not waiting[c]])
     while True:
         present = [k for k in range(columns) if ready[k]]
         if not present:
@@ -155,9 +154,11 @@ def _greedy(column: np.ndarray, rank: np.ndarray, height: np.ndarray, nodes: np.
         k = max(whole or present, key=top_height.__getitem__)
         run, ready[k], top_rank[k], top_height[k] = ready[k], [], 0, 0
         yield run
+        new = []
         for r in run:
-            for e in range(first[r], first[r + 1]):
-                c = readers[e]
-                waiting[c] -= 1
-                if not waiting[c]:
-                    make_ready(c)
+            for c in readers[first[r]:first[r + 1]]:
+                w = waiting[c] - 1
+                waiting[c] = w
+                if not w:
+                    new.append(c)
+        make_ready(new)

@@ -22,11 +22,10 @@ from tests.models import MODELS, enable_x64
 from tests.params import diagonal
 
 
-def _grads(block: fd.Block, backward: str, examples: list, key: jax.Array | None = None, defer_batch: int | None = None,
-           **create: int) -> dict:
+def _grads(block: fd.Block, backward: str, examples: list, key: jax.Array | None = None,
+           weight_pass: bool | None = None, **create: int) -> dict:
     compiler = fd.Compiler.create(block, backward=backward, **create)
-    if defer_batch is not None:
-        compiler.executor.defer_batch = defer_batch
+    compiler.executor.weight_pass = weight_pass
     params = compiler.init(jax.random.key(3))
     batch = compiler.build_batch(examples)
     return jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(compiler.apply(p, batch, key).outputs) ** 2)))(params)

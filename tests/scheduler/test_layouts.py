@@ -23,6 +23,7 @@ from fold.scheduler.layouts import (
     join,
     pad_to,
 )
+from tests.models import MODELS
 from tests.scheduler.test_row_ownership import replay_writes
 
 
@@ -60,6 +61,17 @@ def test_a_padded_batch_computes_what_the_exact_one_does(seed):
     assert computed_rows(padded_batch) >= computed_rows(second) >= second.stats.num_nodes
     for a, b in zip(jax.tree_util.tree_leaves(loss_and_grads(padded_batch)), jax.tree_util.tree_leaves(exact)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=model.text)
+
+
+def test_join_keeps_each_loop_operations_fewest_item_rows():
+    # The items' mean rows only choose where weight cotangents are summed: a joined layout keeps
+    # the smaller, so a stream's batches all sum them the same way.
+    block, _, examples = MODELS["tree_lstm"](n=12)
+    compiler = fd.Compiler.create(block, chunk_size=8)
+    a = _exact(compiler, examples[:6]).layout
+    assert a.item_rows and all(n & (n - 1) == 0 for n in a.item_rows)  # powers of two
+    b = _exact(compiler, examples[6:]).layout._replace(item_rows=tuple(4 * n for n in a.item_rows))
+    assert join(a, b).item_rows == join(b, a).item_rows == a.item_rows
 
 
 def test_join_merges_tail_sequences_in_order_and_grows_with_headroom():
