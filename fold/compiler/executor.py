@@ -349,7 +349,7 @@ class Executor:
         rows for their parameters' size (``WEIGHT_PASS_SHARE``), unless ``weight_pass`` says.
         A loop item's key depends on the item, so a random draw does too, and only the item can
         repeat it."""
-        if self.weight_pass is False:
+        if self.weight_pass is False or (self.weight_pass is None and layout.num_examples > DEFER_BATCH):
             return ()
         rng = None if key is None else jax.eval_shape(lambda k: _fold(k, _LOOP_STREAM, 0), key)
         after = []
@@ -360,8 +360,7 @@ class Executor:
             p = self._params_for(op, lparams)
             if rng is not None and self._reads(o, p, rng):
                 continue
-            if self.weight_pass is None and (layout.num_examples > DEFER_BATCH
-                                             or self.item_share(o, p, layout.item_rows[q]) > WEIGHT_PASS_SHARE):
+            if self.weight_pass is None and self.item_share(o, p, layout.item_rows[q]) > WEIGHT_PASS_SHARE:
                 continue
             after.append(q)
         return tuple(after)

@@ -182,7 +182,7 @@ def join(a: BatchLayout, b: BatchLayout, headroom: bool = False) -> BatchLayout:
     tail_ops, tail_sizes = _merge(a.tail_ops, a.tail_sizes, b.tail_ops, b.tail_sizes, grow)
     # Items' rows only steer where weight cotangents are summed: the fewer rows win (either is exact).
     ia, ib = dict(zip(a.loop_ops, a.item_rows)), dict(zip(b.loop_ops, b.item_rows))
-    item_rows = tuple(min(ia.get(o, ib.get(o, 1)), ib.get(o, ia.get(o, 1))) for o in loop_ops) if ia or ib else ()
+    item_rows = tuple(min(rows[o] for rows in (ia, ib) if o in rows) for o in loop_ops) if ia or ib else ()
     return BatchLayout(A, a.num_examples, loop_ops, hoist_ops, tuple(sorted(set(a.const_types) | set(b.const_types))),
                        tail_ops, tail_sizes, hoist_sizes,
                        tuple(grow(x, y, int(ARENA_HEADROOM_CAP * A)) for x, y in zip(a.arena_rows, b.arena_rows)),

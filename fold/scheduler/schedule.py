@@ -416,12 +416,6 @@ class _Items(NamedTuple):
     out: list[np.ndarray]  # per output slot, the row its C rows go to
     saved: list[int]     # its offset in its operation's saved rows
     saved_rows: list[int]  # per loop operation: rows its items' saved chunks take
-    op_items: list[int]  # per loop operation: its items
-    op_rows: list[int]   # per loop operation: its nodes
-
-    def item_rows(self) -> tuple[int, ...]:
-        """Per loop operation, its items' mean rows rounded up to a power of two."""
-        return tuple(next_pow2(-(-rows // items)) for rows, items in zip(self.op_rows, self.op_items))
 
 
 def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, num_examples: int,
@@ -435,7 +429,7 @@ def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, num_e
     loop_pos = {o: i for i, o in enumerate(loop_ops)}
     sizes = item_sizes(chunk, num_examples)
     size_pos = {s: i for i, s in enumerate(sizes)}
-    out = _Items(loop_ops, [], [], [], [], [], [0] * len(loop_ops), [0] * len(loop_ops), [0] * len(loop_ops))
+    out = _Items(loop_ops, [], [], [], [], [], [0] * len(loop_ops))
     for c in items:
         o, cnt = int(groups.g_op[chunks.group[c]]), chunks.count[c]
         size = _item_size(cnt, sizes)
@@ -445,9 +439,16 @@ def _items(program: Program, groups: _Groups, chunks: _Chunks, chunk: int, num_e
         out.out.append(out_starts(o, chunks.base[c]))
         out.saved.append(out.saved_rows[loop_pos[o]])
         out.saved_rows[loop_pos[o]] += size
-        out.op_items[loop_pos[o]] += 1
-        out.op_rows[loop_pos[o]] += cnt
     return out
+
+
+def _item_rows(items: _Items, sizes: int) -> tuple[int, ...]:
+    """Per loop operation, its items' mean rows rounded up to a power of two (``sizes``: item
+    sizes per operation in ``items.branch``)."""
+    op = np.asarray(items.branch, np.int64) // sizes
+    n = np.bincount(op, minlength=len(items.loop_ops))
+    rows = np.bincount(op, weights=items.count, minlength=len(items.loop_ops)).astype(np.int64)
+    return tuple(next_pow2(-(-r // k)) for r, k in zip(rows.tolist(), n.tolist()))
 
 
 def _item_arrays(items: _Items, A: int, dump_row: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -541,7 +542,7 @@ def schedule(program: Program, rec: Recorded, roots: list[np.ndarray], num_examp
                          [v_row[r].astype(np.int32) for r in roots], _metric_arrays(rec, v_row, A))
     layout = BatchLayout(A, num_examples, items.loop_ops, hoist_ops, tuple(sorted(int(k) for k in consts)), tail_ops,
                          tuple(map(padded_rows, tail.count.tolist())), tuple(map(padded_rows, hoist.count.tolist())),
-                         arena_rows, chunk, item_rows=items.item_rows())
+                         arena_rows, chunk, item_rows=_item_rows(items, len(item_sizes(chunk, num_examples))))
     host = HostInfo(rec.v_type, v_row) if keep_host else None
     stats = BatchStats(len(rec.n_op), len(items.branch), int(n_depth.max()) if len(n_depth) else 0,
                        int(chunks.type_rows.max(initial=0)), tuple(chunks.type_rows.tolist()), tuple(items.saved_rows),
