@@ -15,9 +15,10 @@ are greedy from random start states, bounded by ``--max-levels`` and ``--max-nod
 
 All three use the same parameters and start states; the report gives trees per second, fold's
 speedup over each, and how many trees each baseline grew exactly as fold did (float rounding
-may flip a near-tie). The *cell need* is the decoder's work on all the batch's nodes as one
-batched call per part, no dependencies: no generator computes less, so a baseline's time over
-it bounds the speedup any batching can reach on the machine. Goals (issue 51): batch 64 at least
+may flip a near-tie). The *cell need* is the decoder's work as one batched call per part, no
+dependencies (a child step and the arity on every node, the label on every leaf): no generator
+computes less, so a baseline's time over it bounds the speedup any batching can reach on the
+machine. Goals (issue 51): batch 64 at least
 20x the JAX loop and 5x PyTorch; batch 1 no slower than the JAX loop.
 
 Run: ``python -m benchmarks.generation`` (``--quick``: small, seconds). Writes
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fold as fd
-from benchmarks.common import add_run_flags, figure, median_seconds, save_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, median_seconds, save_results
 
 Tree = Any
 """A generated tree: a leaf's label (int) or a tuple of subtrees."""
@@ -139,19 +140,21 @@ class TorchPerExample:
                          self.args.max_nodes) for c, h in zip(*starts)]
 
 
-def cell_floor(generator: fd.Generator, params: Any, hidden: int, nodes: int, repeats: int) -> float:
-    """Seconds of the decoder's work on ``nodes`` rows with no dependencies: one batched call of
-    each part (a child step, the arity and the label logits) on all of them, jitted. No schedule
-    of those nodes computes less: the bound on any generator's time (and on fold's speedup)."""
+def cell_floor(generator: fd.Generator, params: Any, hidden: int, nodes: int, leaves: int, repeats: int) -> float:
+    """Seconds of the decoder's work with no dependencies, jitted: a child step and the arity
+    logits on ``nodes`` rows, the label logits on ``leaves`` rows, one batched call each. No
+    schedule of those trees computes less: the bound on any generator's time (and on fold's
+    speedup)."""
     fns = generator._functions()
 
     @jax.jit
-    def cells(s):
-        return fns["child"](params, (s, s)), fns["arity"](params, s), fns["label"](params, s)
+    def cells(s, leaf):
+        return fns["child"](params, (s, s)), fns["arity"](params, s), fns["label"](params, leaf)
 
     rows = (jnp.ones((nodes, hidden)), jnp.ones((nodes, hidden)))
-    jax.block_until_ready(cells(rows))
-    return median_seconds(lambda: jax.block_until_ready(cells(rows)), repeats)
+    leaf_rows = (jnp.ones((leaves, hidden)), jnp.ones((leaves, hidden)))
+    jax.block_until_ready(cells(rows, leaf_rows))
+    return median_seconds(lambda: jax.block_until_ready(cells(rows, leaf_rows)), repeats)
 
 
 def size(tree: Tree) -> int:
@@ -180,18 +183,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         out = fold_trees()
         trees = out.trees()
-        seconds = {"fold": median_seconds(fold_trees, args.repeats)}
         nodes = int(np.sum(out.num_nodes))
-        floor = cell_floor(generator, params, args.hidden, nodes, args.repeats)
+        leaves = int(np.sum(np.asarray(out.arity) == 0))
+        floor = cell_floor(generator, params, args.hidden, nodes, leaves, args.repeats)
         agree = {}
         for name, peer in peers.items():
             theirs = peer.trees(starts)  # also warms its jitted calls up
             agree[name] = sum(a == b for a, b in zip(trees, theirs)) / batch
-            seconds[name] = median_seconds(lambda peer=peer: peer.trees(starts), max(1, args.repeats // 3))
+        # Taking turns: the machine's drift between the loops would otherwise enter their ratios.
+        seconds = interleaved_medians(
+            {"fold": fold_trees, **{name: lambda peer=peer: peer.trees(starts) for name, peer in peers.items()}},
+            args.repeats)
         rate = {name: batch / s for name, s in seconds.items()}
         run = {"batch_size": batch, "trees_per_s": rate, "seconds": seconds, "same_trees": agree,
                "fold_speedup": {name: rate["fold"] / rate[name] for name in peers},
-               "nodes": nodes, "cell_need_seconds": floor, "fold_vs_cell_need": seconds["fold"] / floor,
+               "nodes": nodes, "leaves": leaves, "cell_need_seconds": floor,
+               "fold_vs_cell_need": seconds["fold"] / floor,
                "speedup_at_cell_need": {name: seconds[name] / floor for name in peers},
                "mean_nodes": float(np.mean([size(t) for t in trees])), "truncated": float(np.mean(out.truncated))}
         runs.append(run)

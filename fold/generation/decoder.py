@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from fold.blocks.base import Block
 from fold.blocks.types import TupleType, Type
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from fold.generation.sequence import Generated
     from fold.generation.tree import GeneratedTrees
 
-__all__ = ["Decoder", "Generation", "choose", "positive", "token_log_prob"]
+__all__ = ["Decoder", "Generation", "argmax", "choose", "positive", "token_log_prob"]
 
 Generation: TypeAlias = "Generated | GeneratedTrees"
 """What a decoder generates for a batch of start states."""
@@ -42,17 +43,28 @@ def token_log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
     return picked[..., 0]
 
 
+def argmax(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` as int32 (the first index among equal maxima, the first NaN if
+    there is one), computed as a max and a min rather than as one reduction of (value, index)
+    pairs: XLA's CPU backend runs that pair reduction element by element, 3-4x slower (over 1,000
+    labels it was 40 % of a tree generation's time)."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    index = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where((x == top) | jnp.isnan(x), index, x.shape[-1]), axis=-1)
+
+
 def choose(logits: jax.Array, key: jax.Array | None, example: jax.Array, node: jax.Array, decision: int) -> jax.Array:
     """Per row, the chosen index of ``logits``: its argmax without ``key``, else drawn with the
     key of (``example``, ``node``, ``decision``) (see the module docstring)."""
     if key is None:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return argmax(logits)
 
-    def draw(b: jax.Array, n: jax.Array, row: jax.Array) -> jax.Array:
+    def noise(b: jax.Array, n: jax.Array, row: jax.Array) -> jax.Array:
         k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, b), n), decision)
-        return jax.random.categorical(k, row)
+        return jax.random.gumbel(k, row.shape, row.dtype)
 
-    return jax.vmap(draw)(example, node, logits).astype(jnp.int32)
+    # categorical(k, row) is argmax(gumbel(k) + row): the same draws, with the faster argmax.
+    return argmax(jax.vmap(noise)(example, node, logits) + logits)
 
 
 def positive(owner: str, what: str, n: object) -> int:

@@ -226,7 +226,7 @@ class _Queue(NamedTuple):
 
 
 class _Nodes(NamedTuple):
-    """Per global node id (``G + 1`` rows: the last stays zeros), what has been decided."""
+    """Per global node id (``G`` rows), what has been decided; id ``G`` (no node) reads as zeros."""
 
     state: PyTree
     parent: jax.Array
@@ -245,6 +245,16 @@ class _Carry(NamedTuple):
     refused: jax.Array    # [examples]: a node was refused its children for lack of nodes
     truncated: jax.Array  # [examples]
     log_prob: jax.Array   # [examples]
+
+
+def _rows(state: PyTree, ids: jax.Array) -> PyTree:
+    """The rows ``ids`` of every leaf of ``state``; zeros for id ``G`` (no node)."""
+    return jax.tree_util.tree_map(lambda a: a.at[ids].get(mode="fill", fill_value=0), state)
+
+
+def _per_example(x: jax.Array, valid: jax.Array, example: jax.Array, examples: int) -> jax.Array:
+    """``x`` summed per example over the ``valid`` rows."""
+    return jax.ops.segment_sum(jnp.where(valid, x, 0), example, examples)
 
 
 class _TreeLoop:
@@ -268,11 +278,11 @@ class _TreeLoop:
 
         none, zero = jnp.full(B, -1, jnp.int32), jnp.zeros(B, jnp.int32)
         queue = _Queue(column(roots, 0), column(none, -1), column(zero, 0), column(none + G + 1, G), column(zero, 0))
-        state = jax.tree_util.tree_map(lambda a: jnp.zeros((G + 1, *a.shape[1:]), a.dtype), self.start)
+        state = jax.tree_util.tree_map(lambda a: jnp.zeros((G, *a.shape[1:]), a.dtype), self.start)
         logits = jax.eval_shape(lambda s: self.fns["arity"](self.params, s), self.start)
 
         def per_node(fill: int) -> jax.Array:
-            return jnp.full(G + 1, fill, jnp.int32)
+            return jnp.full(G, fill, jnp.int32)
 
         nodes = _Nodes(state, per_node(-1), per_node(0), per_node(-1), per_node(-1), per_node(0))
         return _Carry(jnp.int32(0), jnp.asarray(examples, jnp.int32), queue, nodes, jnp.ones(B, jnp.int32),
@@ -284,11 +294,11 @@ class _TreeLoop:
         valid = c.head + jnp.arange(F) < c.tail
         is_root = e.parent < 0
         parent = jnp.maximum(e.parent, 0)
-        me = jnp.where(valid, e.example * N + e.number, G + 1)  # G + 1: out of bounds, dropped
+        me = jnp.where(valid, e.example * N + e.number, G)  # G: out of bounds, dropped
 
         # The entries' states: a root's is its start state, another's its child step's.
         parent_state = jax.tree_util.tree_map(lambda a: a[parent], c.nodes.state)
-        sibling_state = jax.tree_util.tree_map(lambda a: a[e.sibling], c.nodes.state)
+        sibling_state = _rows(c.nodes.state, e.sibling)
         stepped = self.fns["child"](self.params, (parent_state, sibling_state))
         start = jax.tree_util.tree_map(lambda a: a[e.example], self.start)
         state = jax.tree_util.tree_map(
@@ -300,28 +310,27 @@ class _TreeLoop:
         chosen = choose(arity_logits, self.key, e.example, e.number, 0)
         wants = self.arities[chosen]
         asks = jnp.where(valid & (depth < self.d.max_levels) & ~c.refused[e.example], wants, 0)
-        mine = (e.example[:, None] == jnp.arange(B)[None, :]) & valid[:, None]  # [F, B]
-        asked = jnp.cumsum(jnp.where(mine, asks[:, None], 0), axis=0)[jnp.arange(F), e.example]
+        # Per entry, the children its example's entries ask for up to it, itself included: a
+        # masked [F, F] sum (a cumsum over [F, examples] was a slow reduce-window on the CPU).
+        up_to = (e.example[None, :] == e.example[:, None]) & (jnp.arange(F)[None, :] <= jnp.arange(F)[:, None])
+        asked = jnp.sum(jnp.where(up_to, asks[None, :], 0), axis=1)
         fits = c.numbered[e.example] + asked <= N
         granted = (asks > 0) & fits
         arity = jnp.where(granted, wants, 0)
         choice = jnp.where(granted, chosen, self.leaf_choice)
         first_child = c.numbered[e.example] + asked - asks
 
-        label_logits = self.fns["label"](self.params, state)
-        label = choose(label_logits, self.key, e.example, e.number, 1)
-        leaf = valid & (arity == 0)
-        logp = token_log_prob(arity_logits, choice) + jnp.where(leaf, token_log_prob(label_logits, label), 0)
+        logp = token_log_prob(arity_logits, choice)
 
         def per_example(x: jax.Array) -> jax.Array:
-            return jax.ops.segment_sum(jnp.where(valid, x, 0), e.example, B)
+            return _per_example(x, valid, e.example, B)
 
         nodes = _Nodes(
             jax.tree_util.tree_map(lambda a, s: a.at[me].set(s, mode="drop"), c.nodes.state, state),
             c.nodes.parent.at[me].set(jnp.where(is_root, -1, e.parent - e.example * N), mode="drop"),
             c.nodes.position.at[me].set(e.position, mode="drop"),
             c.nodes.arity.at[me].set(arity, mode="drop"),
-            c.nodes.label.at[me].set(jnp.where(leaf, label, -1), mode="drop"),
+            c.nodes.label,
             c.nodes.depth.at[me].set(depth, mode="drop"))
 
         # New entries: the next sibling (its parent decided before this iteration), then the first child.
@@ -345,14 +354,41 @@ class _TreeLoop:
             c.truncated | (per_example(valid & (wants > 0) & ~granted) > 0),
             c.log_prob + per_example(logp))
 
+    def labels(self, c: _Carry) -> tuple[jax.Array, jax.Array]:
+        """The leaves' labels and the log-probabilities with their labels' added. A label
+        decides nothing about the structure, so the leaves are labelled after it is grown, ``F``
+        at a time: no iteration of the structure's loop computes labels for the nodes that
+        expand (half a binary tree's), and the logits over a large vocabulary run on full chunks."""
+        G, F, N = self.G, self.F, self.N
+        n = c.nodes
+        leaf = n.arity == 0  # -1 in unused slots
+        count = jnp.sum(leaf, dtype=jnp.int32)
+        slot = jnp.where(leaf, jnp.cumsum(leaf, dtype=jnp.int32) - 1, G + F)
+        leaves = jnp.full(G + F, G, jnp.int32).at[slot].set(jnp.arange(G, dtype=jnp.int32), mode="drop")
+
+        def body(carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+            head, label, log_prob = carry
+            node = lax.dynamic_slice_in_dim(leaves, head, F)  # G (no node) past the last leaf
+            valid = head + jnp.arange(F) < count
+            example, number = node // N, node % N
+            logits = self.fns["label"](self.params, _rows(n.state, node))
+            chosen = choose(logits, self.key, example, number, 1)
+            label = label.at[jnp.where(valid, node, G)].set(chosen, mode="drop")
+            return head + F, label, log_prob + _per_example(token_log_prob(logits, chosen), valid, example, self.B)
+
+        _, label, log_prob = lax.while_loop(lambda carry: carry[0] < count, body,
+                                            (jnp.int32(0), n.label, c.log_prob))
+        return label, log_prob
+
     def run(self, examples: jax.Array) -> GeneratedTrees:
         c = lax.while_loop(lambda c: c.head < c.tail, self.body, self.initial(examples))
+        label, log_prob = self.labels(c)
         B, N = self.B, self.N
         n = c.nodes
 
         def per_example(a: jax.Array) -> jax.Array:
-            return a[: B * N].reshape((B, N, *a.shape[1:]))
+            return a.reshape((B, N, *a.shape[1:]))
 
         return GeneratedTrees(per_example(n.parent), per_example(n.position), per_example(n.arity),
-                              per_example(n.label), c.numbered, c.truncated, c.log_prob,
+                              per_example(label), c.numbered, c.truncated, log_prob,
                               jax.tree_util.tree_map(per_example, n.state))
