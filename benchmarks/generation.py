@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Taking turns: the machine's drift between the loops would otherwise enter their ratios.
         seconds = interleaved_medians(
             {"fold": fold_trees, **{name: lambda peer=peer: peer.trees(starts) for name, peer in peers.items()}},
-            args.repeats)
+            args.repeats, warmup=2)
         rate = {name: batch / s for name, s in seconds.items()}
         run = {"batch_size": batch, "trees_per_s": rate, "seconds": seconds, "same_trees": agree,
                "fold_speedup": {name: rate["fold"] / rate[name] for name in peers},

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fns["jraph"] = lambda: jax.block_until_ready(graph_step(params, graph, dense.labels))  # noqa: B023
         loss_fold = np.asarray(compiler.apply(params, batch).metrics["loss"].values)
         loss_dense = np.asarray(ggnn.dense_losses(params, dense, args.rounds)[0])
-        seconds = interleaved_medians(fns, args.repeats)
+        seconds = interleaved_medians(fns, args.repeats, warmup=3)
         row = {"batch_size": size, "nodes": int(dense.features.shape[0]), "edges": int(dense.senders.shape[0]),
                "fold_calls": batch.stats.num_nodes, "loop_items": batch.stats.num_items,
                "build_seconds": build, **{f"{k}_seconds": v for k, v in seconds.items()},

@@ -26,7 +26,7 @@ from fold.blocks.tensors import unflatten_value
 from fold.compiler import numerics, sharding
 from fold.compiler.batching import Batcher
 from fold.compiler.build import _all_blocks, build_program, root_is_tensors
-from fold.compiler.executor import Arenas, Executor
+from fold.compiler.executor import Arenas, Executor, take_rows
 from fold.compiler.params import LayerParams, is_key
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.saving import BACKWARDS, SAVE_LIMIT, SavePolicy
@@ -457,7 +457,7 @@ class Compiler:
         arenas = self._arenas(params, batch, key)
         arrays = batch.arrays
         program = self.program
-        leaves = [arenas[program.type_index[t]][rows] for t, rows in zip(program.root_leaves, arrays.roots)]
+        leaves = [take_rows(arenas[program.type_index[t]], rows) for t, rows in zip(program.root_leaves, arrays.roots)]
         out_type = program.output_type
         outputs = unflatten_value(out_type, leaves)[0] if root_is_tensors(out_type) else None
         metrics = {}

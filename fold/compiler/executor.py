@@ -308,7 +308,7 @@ class Executor:
             for i, x_ct in zip(diff, x_cts):
                 t = op.in_tidx[i]
                 to = jnp.where(r.valid, r.idx[:, i], ct[t].shape[0])  # out of bounds: dropped
-                ct[t] = ct[t].at[to].add(_masked(r.valid, x_ct), mode="drop")
+                ct[t] = ct[t].at[to].add(_masked(r.valid, x_ct), mode="drop", wrap_negative_indices=False)
             return ct, jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
 
         out: tuple[Arenas, PyTree] = lax.fori_loop(0, rows.pieces(piece), body,
@@ -319,7 +319,7 @@ class Executor:
                  dests: list[jax.Array]) -> list[jax.Array | np.ndarray]:
         """The cotangents of ``op``'s outputs at rows ``dests`` (one array per output), zero on rows
         that are not ``valid`` (and float0 for outputs of types without a cotangent arena)."""
-        return [_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0)) if t in ct
+        return [_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0, wrap_negative_indices=False)) if t in ct
                 else np.zeros((valid.shape[0], *self.types[t].shape), jax.dtypes.float0)
                 for (t, _), dest in zip(op.out_slots, dests)]
 
@@ -401,7 +401,7 @@ class Executor:
         piece = min(rows, WEIGHT_PIECE)
         item, j, valid = _op_rows(arrays, q, len(layout_item_sizes(layout)), rows)
         S = arrays.in_idx.shape[0]  # past every arena's rows: reads there give zeros
-        idx = arrays.in_idx[arrays.items_node[item] + j][:, :len(op.in_tidx)]
+        idx = take_rows(arrays.in_idx, arrays.items_node[item] + j)[:, :len(op.in_tidx)]
         op_rows = _Rows(jnp.where(valid[:, None], idx, idx[:1]), valid,
                         [jnp.where(valid, arrays.items_out[item, self.program.slot_index[slot]] + j, S)
                          for slot in op.out_slots],
@@ -413,7 +413,7 @@ class Executor:
             r = op_rows.piece(piece, k)
             _, vjp, _ = self._vjp(op, p, r.rng, _gather_rows(op, arenas, r.idx), self.float_types, q in plans)
             if q in plans:
-                kept = [saved[b][lax.dynamic_slice_in_dim(s, k * piece, piece)]
+                kept = [take_rows(saved[b], lax.dynamic_slice_in_dim(s, k * piece, piece))
                         for b, s in zip(buffers.of_leaves[q], saved_rows)]
                 vjp = _with_saved(vjp, plans[q], kept, r.valid)
             return jax.tree_util.tree_map(jnp.add, acc, vjp(self._out_cts(op, ct, r.valid, r.dest))[0])
@@ -563,7 +563,7 @@ class Executor:
                 arrays.items_node[i], arrays.items_count[i], ct, arrays.items_out[i], saved_chunks)
             ct = dict(ct)
             for t in in_cts:
-                ct[t] = ct[t].at[in_rows[t]].add(in_cts[t])
+                ct[t] = ct[t].at[in_rows[t]].add(in_cts[t], wrap_negative_indices=False)
             p_acc = jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
             return i - 1, ct, p_acc
 
@@ -762,7 +762,14 @@ def _with_saved(vjp: _Vjp, plan: _Plan, rows: list[jax.Array], valid: jax.Array)
 
 def _gather_rows(op: CompiledOp, arenas: Arenas, idx: jax.Array) -> list[jax.Array]:
     """``op``'s input rows ``idx`` (one column per input) from ``arenas``."""
-    return [arenas[t][idx[:, i]] for i, t in enumerate(op.in_tidx)]
+    return [take_rows(arenas[t], idx[:, i]) for i, t in enumerate(op.in_tidx)]
+
+
+def take_rows(a: jax.Array, rows: jax.Array) -> jax.Array:
+    """``a[rows]`` for row numbers that are never negative. Plain indexing first maps negative
+    numbers to rows from the end, and XLA's CPU backend fuses that test into the gather's loop,
+    once per element rather than per row (a GGNN step was 3-5 % faster without it)."""
+    return a.at[rows].get(mode="clip", wrap_negative_indices=False)
 
 
 def _masked(valid: jax.Array, x: jax.Array, fill: jax.Array | None = None) -> jax.Array:
@@ -776,7 +783,7 @@ def _write_rows(arenas: Arenas, op: CompiledOp, ys: list[jax.Array], valid: jax.
     out-of-bounds rows are dropped), zeros on rows that are not ``valid``."""
     arenas = dict(arenas)
     for y, (t, _), rows in zip(ys, op.out_slots, dest):
-        arenas[t] = arenas[t].at[rows].set(_masked(valid, y), mode="drop")
+        arenas[t] = arenas[t].at[rows].set(_masked(valid, y), mode="drop", wrap_negative_indices=False)
     return arenas
 
 
