@@ -283,6 +283,27 @@ class RNN(Block):
             outs.append(out)
         return outs, state
 
+    def _emit(self, em: EmitContext, x: str) -> str:
+        if self.from_input:
+            return em.walk(self, x)
+        assert self.initial_state is not None  # set by _infer, which a compiled model has run
+        out, state, outs = em.var("rnn"), em.var("state"), em.var("outs")
+
+        def loop() -> None:
+            em.line(f"{state} = {em.emit(self.initial_state, 'None')}")
+            em.line(f"{outs} = []")
+            e = em.var("e")
+            em.line(f"for {e} in {x}:")
+            with em.nested():
+                y = em.emit(self.cell, em.tuple([e, state]))
+                em.line(f"{outs}.append({em.item(y, 0)})")
+                em.line(f"{state} = {em.item(y, 1)}")
+            em.line(f"{out} = ({outs}, {state})")
+
+        # The walk takes anything but a list (and raises on what is not a sequence).
+        em.branches([(f"type({x}) is not list", lambda: em.line(f"{out} = {em.walk(self, x)}")), (None, loop)])
+        return out
+
 
 class Reduce(Block):
     """Combines a sequence as a balanced tree (depth ceil(log2 n)).

@@ -233,3 +233,37 @@ def test_shared_nodes_are_planned_and_record_what_the_walk_records():
         assert "ctx.block_cache.get(" in source  # emitted, not left to the generic walk
         assert_plan_matches_walk(compiler, examples)
         assert _garbage_of_a_build(compiler, examples)[2] == 0
+
+
+def test_rnn_is_planned_and_records_what_the_walk_records(monkeypatch):
+    cell = fd.LSTMCell(3, name="cell")
+    from_zeros = fd.Map(fd.Vector(2)) >> fd.RNN(cell)
+    from_block = fd.Map(fd.Vector(2)) >> fd.RNN(cell, initial_state=fd.Zeros(((3,), (3,))))
+    from_input = fd.Record((fd.Map(fd.Vector(2)), fd.Record((fd.Vector(3), fd.Vector(3))))) \
+        >> fd.RNN(cell, initial_state_from_input=True)
+    over_tuple = fd.Record((fd.Vector(2), fd.Vector(2))) >> fd.RNN(cell)  # not a list: the walk's
+    reversed_ = fd.Map(fd.Vector(2)) >> fd.Slice(step=-1) >> fd.RNN(cell) >> fd.GetItem(0)
+    block = fd.Record((from_zeros >> fd.GetItem(1) >> fd.GetItem(1), from_block >> fd.GetItem(1) >> fd.GetItem(0),
+                       from_input >> fd.GetItem(1) >> fd.GetItem(1), over_tuple >> fd.GetItem(1) >> fd.GetItem(1),
+                       reversed_ >> fd.Sum()))
+    compiler = fd.Compiler.create(block >> fd.Concat())
+    rng = np.random.default_rng(0)
+
+    def example(n: int) -> tuple:
+        seq = [rng.normal(size=2).tolist() for _ in range(n)]
+        pair = (rng.normal(size=2).tolist(), rng.normal(size=2).tolist())
+        return seq, seq, (seq, (rng.normal(size=3).tolist(), rng.normal(size=3).tolist())), pair, seq
+
+    examples = [example(n) for n in (3, 0, 1, 2, 5)]
+    walked = []
+    host = fd.RNN._host
+
+    def counted(self, x, ctx):
+        walked.append(self)
+        return (yield from host(self, x, ctx))
+
+    monkeypatch.setattr(fd.RNN, "_host", counted)
+    assert_plan_matches_walk(compiler, examples)
+    # The plan ran the three RNNs over lists itself; the walk did the rest (and all of the reference).
+    planned_walks = len(walked) - 5 * len(examples)
+    assert planned_walks == 2 * len(examples)
