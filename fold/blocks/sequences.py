@@ -286,11 +286,12 @@ class RNN(Block):
     def _emit(self, em: EmitContext, x: str) -> str:
         if self.from_input:
             return em.walk(self, x)
-        assert self.initial_state is not None  # set by _infer, which a compiled model has run
+        initial = self.initial_state
+        assert initial is not None  # set by _infer, which a compiled model has run
         out, state, outs = em.var("rnn"), em.var("state"), em.var("outs")
 
         def loop() -> None:
-            em.line(f"{state} = {em.emit(self.initial_state, 'None')}")
+            em.line(f"{state} = {em.emit(initial, 'None')}")
             em.line(f"{outs} = []")
             e = em.var("e")
             em.line(f"for {e} in {x}:")

@@ -765,11 +765,11 @@ def _gather_rows(op: CompiledOp, arenas: Arenas, idx: jax.Array) -> list[jax.Arr
     return [take_rows(arenas[t], idx[:, i]) for i, t in enumerate(op.in_tidx)]
 
 
-def take_rows(a: jax.Array, rows: jax.Array) -> jax.Array:
+def take_rows(a: jax.Array | np.ndarray, rows: jax.Array | np.ndarray) -> jax.Array:
     """``a[rows]`` for row numbers that are never negative. Plain indexing first maps negative
     numbers to rows from the end, and XLA's CPU backend fuses that test into the gather's loop,
     once per element rather than per row (a GGNN step was 3-5 % faster without it)."""
-    return a.at[rows].get(mode="clip", wrap_negative_indices=False)
+    return jnp.asarray(a).at[rows].get(mode="clip", wrap_negative_indices=False)
 
 
 def _masked(valid: jax.Array, x: jax.Array, fill: jax.Array | None = None) -> jax.Array:

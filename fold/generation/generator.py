@@ -139,7 +139,8 @@ class Generator:
                              f"got {[tuple(leaf.shape) for leaf in leaves]}")
         padded = self._row_count(rows)
         if padded == rows:  # no padding to add or drop: each would be an op dispatched per array
-            return self._generate(params, jax.tree_util.tree_map(jnp.asarray, start), key, rows)
+            whole: Generation = self._generate(params, jax.tree_util.tree_map(jnp.asarray, start), key, rows)
+            return whole
         start = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], padded - rows, 0)]), start)
         out: Generation = self._generate(params, start, key, rows)
         return type(out)(*jax.tree_util.tree_map(lambda a: a[:rows], tuple(out)))
