@@ -15,15 +15,18 @@ How the device generates (``decode``): every node is one entry of a queue shared
 made when its parent decides to expand (the first child) or when its previous sibling has its
 state (the next one). Each iteration of one ``lax.while_loop`` takes the next ``frontier``
 entries (whichever examples they belong to: every one is ready, its parent and previous sibling
-having run in an earlier iteration), computes their states, arity and label decisions in one
-batched call each, and appends the entries they make. An expanding node reserves its children's
-node numbers at once, so each example's nodes are numbered as a per-example run would number
-them, and its draws (keys folded from the example and node numbers) do not depend on the batch.
+having run in an earlier iteration), computes their states and arity decisions in one batched
+call each, and appends the entries they make. An expanding node reserves its children's node
+numbers at once, so each example's nodes are numbered as a per-example run would number them,
+and its draws (keys folded from the example and node numbers) do not depend on the batch. A
+label decides nothing about the structure: a second loop then labels the leaves, ``frontier``
+at a time.
 
 Bounds, per example: ``max_nodes`` nodes and ``max_levels`` levels below the root. A node that
 would expand past either becomes a leaf (scored as one) and the example is flagged
 (``GeneratedTrees.truncated``); once an example has been refused nodes it expands no further.
-Memory: ``[examples * max_nodes]`` rows per state leaf, plus a queue of as many entries.
+Memory: ``[examples * max_nodes]`` rows per state leaf, plus a queue and a list of leaves of as
+many entries.
 """
 
 from __future__ import annotations
