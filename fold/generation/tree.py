@@ -376,7 +376,7 @@ class _TreeLoop:
             example, number = node // N, node % N
             logits = self.fns["label"](self.params, _rows(n.state, node))
             chosen = choose(logits, self.key, example, number, 1)
-            label = label.at[jnp.where(valid, node, G)].set(chosen, mode="drop")
+            label = label.at[node].set(chosen, mode="drop")  # G, past the last leaf: dropped
             return head + F, label, log_prob + _per_example(token_log_prob(logits, chosen), valid, example, self.B)
 
         _, label, log_prob = lax.while_loop(lambda carry: carry[0] < count, body,
