@@ -45,6 +45,7 @@ consumer's side, whatever it was doing.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import pickle
 import queue
@@ -54,6 +55,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -167,6 +169,16 @@ def _message_bytes(message: tuple[bool, Batch | BaseException, str | None]) -> b
 
 # Parent ends of every live pool's pipes: a newly forked worker closes its inherited copies.
 _open_conns: set[Connection] = set()
+# Every pool not yet garbage: stopped at exit, before the interpreter tears multiprocessing down.
+# A stream left open (a loop that broke off) stops its pool when it is collected, which at exit
+# came after that teardown and failed sending its workers the word to stop.
+_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_pools() -> None:
+    for pool in list(_live_pools):
+        pool.stop()
 
 
 class WorkerPool:
@@ -184,6 +196,7 @@ class WorkerPool:
         self.procs: list[BaseProcess] = []
         self.in_flight = 0
         self.born = next_serial()  # recordings made before this, the workers hold
+        _live_pools.add(self)
         with warnings.catch_warnings():
             # JAX warns that forking a multithreaded process may deadlock; the
             # workers never call into JAX, only the host walk and NumPy.

@@ -475,3 +475,21 @@ def test_sys_exit_in_a_users_function_reaches_the_consumer_as_in_this_process():
         with pytest.raises(SystemExit) as e:
             list(compiler.batches(examples, 4, num_workers=workers))
         assert e.value.code == 3
+
+
+@pytest.mark.skipif(not background.uses_processes(), reason="worker processes need fork")
+def test_a_stream_left_open_at_exit_stops_its_workers_quietly(tmp_path):
+    """Regression: a stream still holding workers when the interpreter exited stopped them while
+    multiprocessing was being torn down (AttributeError: 'NoneType' object has no attribute
+    'dumps', printed at every exit of a script that stopped reading its batches)."""
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        "import fold as fd\n"
+        "compiler = fd.Compiler.create(fd.Map(fd.Scalar() >> fd.Function(lambda x: x * 3.0)) >> fd.Sum())\n"
+        "stream = compiler.batches([[1.0]] * 400, 4, num_workers=2)\n"
+        "next(stream)\n"
+        "print('read one batch')\n")
+    done = __import__("subprocess").run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "read one batch" in done.stdout
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
