@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -489,7 +490,7 @@ def test_a_stream_left_open_at_exit_stops_its_workers_quietly(tmp_path):
         "stream = compiler.batches([[1.0]] * 400, 4, num_workers=2)\n"
         "next(stream)\n"
         "print('read one batch')\n")
-    done = __import__("subprocess").run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "read one batch" in done.stdout
     assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
