@@ -45,7 +45,6 @@ consumer's side, whatever it was doing.
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import pickle
 import queue
@@ -169,16 +168,6 @@ def _message_bytes(message: tuple[bool, Batch | BaseException, str | None]) -> b
 
 # Parent ends of every live pool's pipes: a newly forked worker closes its inherited copies.
 _open_conns: set[Connection] = set()
-# Every pool not yet garbage: stopped at exit, before the interpreter tears multiprocessing down.
-# A stream left open (a loop that broke off) stops its pool when it is collected, which at exit
-# came after that teardown and failed sending its workers the word to stop.
-_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_pools() -> None:
-    for pool in list(_live_pools):
-        pool.stop()
 
 
 class WorkerPool:
@@ -196,7 +185,10 @@ class WorkerPool:
         self.procs: list[BaseProcess] = []
         self.in_flight = 0
         self.born = next_serial()  # recordings made before this, the workers hold
-        _live_pools.add(self)
+        # A finalizer, so a pool still alive at exit stops before the interpreter tears
+        # multiprocessing down: a stream left open (a loop that broke off) stops its pool when it is
+        # collected, which at exit came after that teardown and failed.
+        self._stop = weakref.finalize(self, _stop_workers, self.conns, self.procs)
         with warnings.catch_warnings():
             # JAX warns that forking a multithreaded process may deadlock; the
             # workers never call into JAX, only the host walk and NumPy.
@@ -275,19 +267,24 @@ class WorkerPool:
     def stop(self) -> None:
         """Tells idle workers to stop, closes the pipes, and kills any worker still busy after a
         grace period. Stopping twice is harmless."""
-        for conn in self.conns:
-            _open_conns.discard(conn)
-            try:
-                conn.send(None)
-            except OSError:
-                pass  # already dead or closed
-            conn.close()
-        deadline = time.monotonic() + _JOIN_SECONDS
-        for proc in self.procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        self._stop()
+
+
+def _stop_workers(conns: list[Connection], procs: list[BaseProcess]) -> None:
+    """``WorkerPool.stop``, on the pool's pipes and processes (its finalizer holds no pool)."""
+    for conn in conns:
+        _open_conns.discard(conn)
+        try:
+            conn.send(None)
+        except OSError:
+            pass  # already dead or closed
+        conn.close()
+    deadline = time.monotonic() + _JOIN_SECONDS
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def _stopped_since(proc: BaseProcess, since: float | None) -> float | None:
