@@ -22,6 +22,8 @@ Examples:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -138,9 +140,22 @@ class Generator:
             raise ValueError(f"generate: every array of the start state needs the same, non-zero number of rows; "
                              f"got {[tuple(leaf.shape) for leaf in leaves]}")
         padded = self._row_count(rows)
-        if padded == rows:  # no padding to add or drop: each would be an op dispatched per array
-            whole: Generation = self._generate(params, jax.tree_util.tree_map(jnp.asarray, start), key, rows)
+        if padded == rows:  # one transfer for all arrays (jnp.asarray dispatches an op per array)
+            whole: Generation = self._generate(params, jax.device_put(start), key, rows)
             return whole
-        start = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], padded - rows, 0)]), start)
-        out: Generation = self._generate(params, start, key, rows)
-        return type(out)(*jax.tree_util.tree_map(lambda a: a[:rows], tuple(out)))
+        # Padding and dropping the padded rows are one jitted call each, not an op per array:
+        # a batch of 1 spent more time in those dispatches than in generating.
+        out: Generation = self._generate(params, _repeat_first_row(start, padded), key, rows)
+        return type(out)(*_first_rows(tuple(out), rows))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _repeat_first_row(start: PyTree, rows: int) -> PyTree:
+    """``start`` padded to ``rows`` rows with copies of its first."""
+    return jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], rows - a.shape[0], 0)]), start)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _first_rows(tree: PyTree, rows: int) -> PyTree:
+    """The first ``rows`` rows of every array of ``tree``."""
+    return jax.tree_util.tree_map(lambda a: a[:rows], tree)

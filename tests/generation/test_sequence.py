@@ -161,6 +161,21 @@ def test_batches_of_any_size_compile_a_few_times():
     assert padded.lengths[3:].tolist() == [0] * 5 and padded.ended[3:].all()
 
 
+def test_numpy_and_device_starts_share_one_compilation():
+    generator = fd.Generator(_decoder(max_length=5), state_type=fd.TensorType((H,)))
+    params = generator.init(jax.random.key(0))
+    for n in (8, 3):  # 8 rows as they are, 3 padded to 8 and cut back
+        on_host = generator.generate(params, _starts(n, seed=n), jax.random.key(1))
+        on_device = generator.generate(params, jnp.asarray(_starts(n, seed=n)), jax.random.key(1))
+        assert on_host.tokens.shape == on_device.tokens.shape == (n, 5)
+        assert on_host.states.shape == (n, 6, H)
+        for a, b in zip(on_host, on_device):
+            np.testing.assert_array_equal(a, b)
+        assert on_host.sequences() == [_reference(params, s, 5, jax.random.key(1), b)[0]
+                                       for b, s in enumerate(_starts(n, seed=n))]
+    assert generator._generate._cache_size() == 1
+
+
 def test_bad_decoders_are_clear_errors():
     with pytest.raises(ValueError, match="max_length must be a positive int, got 0"):
         _decoder(max_length=0)
