@@ -7,7 +7,9 @@ children (a linear layer on ``h``), and every leaf its label among ``--labels`` 
 are greedy from random start states, bounded by ``--max-levels`` and ``--max-nodes``.
 
 - fold: ``fd.Generator`` on a ``fd.TreeDecoder``: every example's tree grown at once in one
-  jitted ``while_loop`` (``generate``, rows padded to a power of two: batch 64 runs on 64 rows).
+  jitted ``while_loop`` (``generate``, rows padded to a power of two: batch 64 runs on 64 rows),
+  the trees only (``states=False``) as the loops make them; timed again returning every node's
+  state too (``generate``'s default).
 - JAX per example: the same decoder one node at a time, Python recursion (a queue) on the host:
   one jitted call for a node's decisions and one for each child's state, the choice read back
   to the host after each node (as a per-example loop does).
@@ -41,6 +43,9 @@ from benchmarks.common import add_run_flags, figure, interleaved_medians, median
 
 Tree = Any
 """A generated tree: a leaf's label (int) or a tuple of subtrees."""
+
+FOLD_STATES = "fold, with per-node states"
+"""fold returning every node's state too (``generate``'s default), beside the trees the loops make."""
 
 
 def decoder(hidden: int, labels: int, max_levels: int, max_nodes: int) -> fd.TreeDecoder:
@@ -176,8 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for batch in args.batch_sizes:
         starts = tuple((args.start_scale * rng.normal(size=(batch, args.hidden))).astype(np.float32) for _ in range(2))
 
-        def fold_trees(starts=starts):
-            out = generator.generate(params, starts)
+        def fold_trees(starts=starts, states=False):
+            out = generator.generate(params, starts, states=states)
             jax.block_until_ready(out.log_prob)
             return out
 
@@ -192,7 +197,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             agree[name] = sum(a == b for a, b in zip(trees, theirs)) / batch
         # Taking turns: the machine's drift between the loops would otherwise enter their ratios.
         seconds = interleaved_medians(
-            {"fold": fold_trees, **{name: lambda peer=peer: peer.trees(starts) for name, peer in peers.items()}},
+            {"fold": fold_trees, FOLD_STATES: lambda: fold_trees(states=True),
+             **{name: lambda peer=peer: peer.trees(starts) for name, peer in peers.items()}},
             args.repeats, warmup=2)
         rate = {name: batch / s for name, s in seconds.items()}
         run = {"batch_size": batch, "trees_per_s": rate, "seconds": seconds, "same_trees": agree,

@@ -23,6 +23,7 @@ from jax import lax
 
 from fold.blocks.base import Block
 from fold.blocks.types import TupleType, Type
+from fold.typing import PyTree
 
 if TYPE_CHECKING:
     from fold.generation.sequence import Generated
@@ -86,6 +87,12 @@ class Decoder(Block):
 
     #: The type of the structure it scores, the second item of its input.
     structure_type: Type
+
+    def scratch(self, start: PyTree) -> PyTree:
+        """Buffers ``decode`` may be handed back from an earlier call, for start states shaped as
+        ``start`` (``fd.Generator.generate`` keeps them): ``decode`` writes every part of them it
+        reads, so their contents never matter. None where it needs none."""
+        return None
 
     def set_state_type(self, state: Type) -> None:
         """Sets the input type from the start state's type ``state`` (``fd.Generator`` does, from

@@ -73,7 +73,8 @@ class Generator:
             self._set_state_type(convert_to_type(state_type))
         if decoder.state_type is not None:
             self._functions()  # errors in the blocks surface here, not at the first generate
-        self._generate = jax.jit(self._decode)
+        self._generate = jax.jit(self._decode, static_argnames="states", donate_argnames="scratch")
+        self._scratch: dict[int, PyTree] = {}  # per padded row count, the decoder's scratch buffers
         self._row_counts: list[int] = []  # the row counts ``generate`` compiled for, ascending
 
     def _row_count(self, rows: int) -> int:
@@ -116,20 +117,32 @@ class Generator:
                   for name, lt in device_layers(block).items()}
         return LayerParams(layers, {name: name for name in layers}).init(key)
 
-    def apply(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Generation:
-        """Generates from ``start`` (one row per example), greedy without ``key``: pure and
-        jittable, one compilation per row count (``generate`` pads rows to bound them)."""
-        return self._decode(params, start, key, jax.tree_util.tree_leaves(start)[0].shape[0])
+    def apply(self, params: Params, start: PyTree, key: jax.Array | None = None, *,
+              states: bool = True) -> Generation:
+        """Generates from ``start`` (one row per example), greedy without ``key``, with every
+        node's (step's) state if ``states``: pure and jittable, one compilation per row count
+        (``generate`` pads rows to bound them)."""
+        out, _ = self._decode(params, start, key, jax.tree_util.tree_leaves(start)[0].shape[0], None, states=states)
+        return out
 
-    def _decode(self, params: Params, start: PyTree, key: jax.Array | None, examples: jax.Array | int) -> Generation:
+    def _decode(self, params: Params, start: PyTree, key: jax.Array | None, examples: jax.Array | int,
+                scratch: PyTree, states: bool) -> tuple[Generation, PyTree]:
         self._set_state_type(_type_of(start))
-        return self.decoder.decode(self._functions(), params, start, key, jnp.asarray(examples, jnp.int32))
+        start = jax.tree_util.tree_map(jnp.asarray, start)  # NumPy start states given to apply
+        return self.decoder.decode(self._functions(), params, start, key, jnp.asarray(examples, jnp.int32),
+                                   states, scratch)
 
-    def generate(self, params: Params, start: PyTree, key: jax.Array | None = None) -> Generation:
+    def generate(self, params: Params, start: PyTree, key: jax.Array | None = None, *,
+                 states: bool = True) -> Generation:
         """``apply``, jitted, its rows padded to a row count compiled before if one is at most
         ``REUSE`` times the power of two they need (at least ``MIN_ROWS``), else to a new count
         (see the module docstring): batches of any sizes up to 512 compile at most 4 times. The
-        padded rows repeat the first example, generate nothing and are dropped from the result."""
+        padded rows repeat the first example, generate nothing and are dropped from the result.
+
+        The decoder's scratch buffers (a tree decoder's per-node states: rows x ``max_nodes``
+        rows per state leaf) are kept from one call to the next for the same row count, so a
+        call neither allocates nor clears them; ``states=False`` leaves out the per-node states,
+        the one output as large as they are."""
         if key is not None and not is_key(key):
             raise TypeError(f"generate's key must be a PRNG key such as jax.random.key(0) or None, got {key!r}")
         leaves = jax.tree_util.tree_leaves(start)
@@ -140,13 +153,16 @@ class Generator:
             raise ValueError(f"generate: every array of the start state needs the same, non-zero number of rows; "
                              f"got {[tuple(leaf.shape) for leaf in leaves]}")
         padded = self._row_count(rows)
-        if padded == rows:  # one transfer for all arrays (jnp.asarray dispatches an op per array)
-            whole: Generation = self._generate(params, jax.device_put(start), key, rows)
-            return whole
-        # Padding and dropping the padded rows are one jitted call each, not an op per array:
-        # a batch of 1 spent more time in those dispatches than in generating.
-        out: Generation = self._generate(params, _repeat_first_row(start, padded), key, rows)
-        return type(out)(*_first_rows(tuple(out), rows))
+        # One transfer (or one jitted padding) for all arrays: an op per array was most of a
+        # batch of 1's time.
+        start = jax.device_put(start) if padded == rows else _repeat_first_row(start, padded)
+        # Taken out while in use: a call from another thread meanwhile makes its own.
+        scratch = self._scratch.pop(padded, None)
+        if scratch is None:
+            scratch = self.decoder.scratch(start)
+        out: Generation
+        out, self._scratch[padded] = self._generate(params, start, key, rows, scratch, states=states)
+        return out if padded == rows else type(out)(*_first_rows(tuple(out), rows))
 
 
 @functools.partial(jax.jit, static_argnums=1)

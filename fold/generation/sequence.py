@@ -57,7 +57,8 @@ class Generated(NamedTuple):
     states: PyTree
     """The state structure with arrays ``[examples, max_length + 1, ...]``: entry ``t`` is the
     state token ``t`` was chosen from (entry 0 the start state); past the last choice (the end,
-    or ``max_length``) each repeats the final state."""
+    or ``max_length``) each repeats the final state. None when ``generate`` was asked for no
+    states."""
 
     def sequences(self) -> list[list[int]]:
         """Per example, its tokens as a Python list (check ``ended`` for ones cut at ``max_length``)."""
@@ -162,10 +163,11 @@ class SequenceDecoder(Decoder):
         assert state is not None and token is not None  # fd.Generator sets them first
         return {"step": (self.step, TupleType(state, token)), "readout": (self.readout, state)}
 
-    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree,
-               key: jax.Array | None, examples: jax.Array) -> Generated:
+    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree, key: jax.Array | None,
+               examples: jax.Array, states: bool = True, scratch: PyTree = None) -> tuple[Generated, PyTree]:
         """Every example's next token at once, in one ``lax.while_loop``, until each has ended
-        or emitted ``max_length`` tokens."""
+        or emitted ``max_length`` tokens; every step's states only if ``states``. It needs no
+        scratch buffers: the second result is None."""
         step, readout = fns["step"], fns["readout"]
         token_type = self.token_type
         assert token_type is not None  # set with the state type
@@ -183,7 +185,8 @@ class SequenceDecoder(Decoder):
             nxt = step(params, (state, tok))
             state = jax.tree_util.tree_map(
                 lambda new, old: jnp.where(emits.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), nxt, state)
-            history = jax.tree_util.tree_map(lambda h, x: h.at[:, t + 1].set(x), history, state)
+            if states:
+                history = jax.tree_util.tree_map(lambda h, x: h.at[:, t + 1].set(x), history, state)
             return t + 1, state, done | (active & ~emits), tokens, lengths + emits, logp, history
 
         def cond(carry: _Carry) -> jax.Array:
@@ -193,12 +196,13 @@ class SequenceDecoder(Decoder):
         logits_dtype = jax.eval_shape(lambda s: readout(params, s), start).dtype
         # Every step's state, the start state in all of them until the loop writes them: a loop
         # that stops early (every example ended) leaves the final state repeated after it.
-        history = jax.tree_util.tree_map(
+        history = None if not states else jax.tree_util.tree_map(
             lambda a: jnp.broadcast_to(a[:, None], (rows, self.max_length + 1, *a.shape[1:])), start)
         carry = (jnp.int32(0), start, examples <= row_ids, jnp.full((rows, self.max_length), -1, token_type.dtype),
                  jnp.zeros(rows, jnp.int32), jnp.zeros(rows, logits_dtype), history)
         t, final, done, tokens, lengths, logp, history = lax.while_loop(cond, body, carry)
-        after = jnp.arange(self.max_length + 1) > t  # never written: the loop stopped before
-        history = jax.tree_util.tree_map(
-            lambda h, x: jnp.where(after.reshape((1, -1) + (1,) * (x.ndim - 1)), x[:, None], h), history, final)
-        return Generated(tokens, lengths, done, logp, history)
+        if states:
+            after = jnp.arange(self.max_length + 1) > t  # never written: the loop stopped before
+            history = jax.tree_util.tree_map(
+                lambda h, x: jnp.where(after.reshape((1, -1) + (1,) * (x.ndim - 1)), x[:, None], h), history, final)
+        return Generated(tokens, lengths, done, logp, history), None

@@ -26,7 +26,9 @@ Bounds, per example: ``max_nodes`` nodes and ``max_levels`` levels below the roo
 would expand past either becomes a leaf (scored as one) and the example is flagged
 (``GeneratedTrees.truncated``); once an example has been refused nodes it expands no further.
 Memory: ``[examples * max_nodes]`` rows per state leaf, plus a queue and a list of leaves of as
-many entries.
+many entries. The loop writes every state row before it reads it, so the state rows are a
+*scratch* buffer ``fd.Generator.generate`` keeps between calls (``TreeDecoder.scratch``); the
+per-node states it returns are a copy of the used rows, made only when asked for.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class GeneratedTrees(NamedTuple):
     log_prob: jax.Array
     """``[examples]``: log-probability of every decision the tree holds."""
     states: PyTree
-    """Per leaf of the state, ``[examples, max_nodes, ...]``: each node's state (zeros for unused slots)."""
+    """Per leaf of the state, ``[examples, max_nodes, ...]``: each node's state (zeros for unused
+    slots); None when ``generate`` was asked for no states."""
 
     def trees(self) -> list[PyObject]:
         """Per example, its tree as nested tuples with int labels at the leaves (the form
@@ -209,12 +212,20 @@ class TreeDecoder(Decoder):
         return {"child": (self.child, TupleType(state, state)), "arity": (self.arity, state),
                 "label": (self.label, state)}
 
-    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree,
-               key: jax.Array | None, examples: jax.Array, frontier: int | None = None) -> GeneratedTrees:
-        """Generates every example's tree together (see the module docstring); ``frontier``
-        entries per iteration (default: as many as rows)."""
+    def scratch(self, start: PyTree) -> PyTree:
+        """The per-node state buffers: ``rows * max_nodes`` rows per leaf of the state."""
+        return jax.tree_util.tree_map(lambda a: jnp.zeros((a.shape[0] * self.max_nodes, *a.shape[1:]), a.dtype),
+                                      start)
+
+    def decode(self, fns: dict[str, DeviceFunction], params: Params, start: PyTree, key: jax.Array | None,
+               examples: jax.Array, states: bool = True, scratch: PyTree = None,
+               frontier: int | None = None) -> tuple[GeneratedTrees, PyTree]:
+        """Generates every example's tree together (see the module docstring), ``frontier``
+        entries per iteration (default: as many as rows). Returns the trees (their per-node
+        states only if ``states``) and the per-node state buffers, which ``scratch`` (from
+        ``self.scratch``, contents left by any earlier call) stands in for when given."""
         rows = jax.tree_util.tree_leaves(start)[0].shape[0]
-        return _TreeLoop(self, fns, params, start, key, rows, frontier or rows).run(examples)
+        return _TreeLoop(self, fns, params, start, key, rows, frontier or rows).run(examples, states, scratch)
 
 
 class _Queue(NamedTuple):
@@ -271,7 +282,7 @@ class _TreeLoop:
         self.arities = jnp.asarray(decoder.arities, jnp.int32)
         self.leaf_choice = decoder.arities.index(0)
 
-    def initial(self, examples: jax.Array) -> _Carry:
+    def initial(self, examples: jax.Array, state: PyTree) -> _Carry:
         B, G, F = self.B, self.G, self.F
         size = G + F  # entries run F at a time: the last slice may reach past the G there can be
         roots = jnp.arange(B, dtype=jnp.int32)
@@ -281,7 +292,6 @@ class _TreeLoop:
 
         none, zero = jnp.full(B, -1, jnp.int32), jnp.zeros(B, jnp.int32)
         queue = _Queue(column(roots, 0), column(none, -1), column(zero, 0), column(none + G + 1, G), column(zero, 0))
-        state = jax.tree_util.tree_map(lambda a: jnp.zeros((G, *a.shape[1:]), a.dtype), self.start)
         logits = jax.eval_shape(lambda s: self.fns["arity"](self.params, s), self.start)
 
         def per_node(fill: int) -> jax.Array:
@@ -383,8 +393,11 @@ class _TreeLoop:
                                             (jnp.int32(0), n.label, c.log_prob))
         return label, log_prob
 
-    def run(self, examples: jax.Array) -> GeneratedTrees:
-        c = lax.while_loop(lambda c: c.head < c.tail, self.body, self.initial(examples))
+    def run(self, examples: jax.Array, states: bool, scratch: PyTree) -> tuple[GeneratedTrees, PyTree]:
+        # Rows the loop reads are written first (a root's parent row is read but not used, a missing
+        # sibling is id G, read as zeros): scratch buffers need no clearing, only the output does.
+        buffer = self.d.scratch(self.start) if scratch is None else scratch
+        c = lax.while_loop(lambda c: c.head < c.tail, self.body, self.initial(examples, buffer))
         label, log_prob = self.labels(c)
         B, N = self.B, self.N
         n = c.nodes
@@ -392,6 +405,12 @@ class _TreeLoop:
         def per_example(a: jax.Array) -> jax.Array:
             return a.reshape((B, N, *a.shape[1:]))
 
-        return GeneratedTrees(per_example(n.parent), per_example(n.position), per_example(n.arity),
-                              per_example(label), c.numbered, c.truncated, log_prob,
-                              jax.tree_util.tree_map(per_example, n.state))
+        node_states = None
+        if states:
+            used = (jnp.arange(N)[None, :] < c.numbered[:, None]).reshape(-1)
+            node_states = jax.tree_util.tree_map(
+                lambda a: per_example(a if scratch is None else jnp.where(used.reshape((-1,) + (1,) * (a.ndim - 1)),
+                                                                          a, 0)), n.state)
+        trees = GeneratedTrees(per_example(n.parent), per_example(n.position), per_example(n.arity),
+                               per_example(label), c.numbered, c.truncated, log_prob, node_states)
+        return trees, n.state

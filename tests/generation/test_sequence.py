@@ -157,7 +157,7 @@ def test_batches_of_any_size_compile_a_few_times():
     fixed = fd.Generator(_decoder(max_length=5), state_type=fd.TensorType((H,)))
     assert {fixed._row_count(n) for n in (64, 64, 64, 17)} == {64}
     # Padding rows generate nothing: they start as ended.
-    padded = generator._decode(params, _starts(8), None, 3)
+    padded, _ = generator._decode(params, _starts(8), None, 3, None, states=True)
     assert padded.lengths[3:].tolist() == [0] * 5 and padded.ended[3:].all()
 
 
@@ -174,6 +174,18 @@ def test_numpy_and_device_starts_share_one_compilation():
         assert on_host.sequences() == [_reference(params, s, 5, jax.random.key(1), b)[0]
                                        for b, s in enumerate(_starts(n, seed=n))]
     assert generator._generate._cache_size() == 1
+
+
+def test_generation_without_states_returns_the_same_sequences():
+    generator = fd.Generator(_decoder(max_length=5), state_type=fd.TensorType((H,)))
+    params = generator.init(jax.random.key(0))
+    for n in (3, 8):
+        with_states = generator.generate(params, _starts(n, seed=n), jax.random.key(2))
+        without = generator.generate(params, _starts(n, seed=n), jax.random.key(2), states=False)
+        assert without.states is None and without.tokens.shape == (n, 5)
+        for a, b in zip(with_states[:-1], without[:-1]):
+            np.testing.assert_array_equal(a, b)
+    assert generator.apply(params, _starts(3), states=False).states is None
 
 
 def test_bad_decoders_are_clear_errors():

@@ -92,6 +92,43 @@ def test_batched_generation_equals_one_example_at_a_time(arities, sampled):
     np.testing.assert_allclose(np.asarray(out.states)[:, 0], starts, rtol=1e-6)
 
 
+def test_kept_scratch_buffers_change_nothing_whatever_they_hold():
+    generator = fd.Generator(_decoder(max_levels=5, max_nodes=30), state_type=fd.TensorType((H,)))
+    params = generator.init(jax.random.key(0))
+    params["arity"]["b"] = params["arity"]["b"].at[1:].add(0.8)
+    big, small = _starts(9, seed=1, scale=2.0), _starts(9, seed=2)
+    fresh = fd.Generator(_decoder(max_levels=5, max_nodes=30), state_type=fd.TensorType((H,)))
+    want = fresh.apply(params, small)
+    generator.generate(params, big)  # leaves its trees' states in the kept buffers
+    kept = generator._scratch[16]
+    after_big = generator.generate(params, small)
+    assert kept.is_deleted()  # handed to the call, not copied
+    # NaN in every row of the kept buffers: no row the loop reads comes from them unwritten.
+    generator._scratch[16] = jnp.full_like(generator._scratch[16], jnp.nan)
+    after_nan = generator.generate(params, small)
+    for out in (after_big, after_nan):
+        assert out.trees() == want.trees()
+        np.testing.assert_array_equal(out.log_prob, want.log_prob)
+        # Per-node states as a fresh generation's: zeros in unused slots.
+        np.testing.assert_array_equal(out.states, want.states[:9])
+    assert generator._generate._cache_size() == 1
+
+
+def test_generation_without_states_returns_the_same_trees():
+    generator = fd.Generator(_decoder(max_levels=5, max_nodes=30), state_type=fd.TensorType((H,)))
+    params = generator.init(jax.random.key(0))
+    params["arity"]["b"] = params["arity"]["b"].at[1:].add(0.8)
+    for n in (9, 16):  # padded to 16 rows, and not
+        starts = _starts(n, scale=2.0)
+        key = jax.random.key(5)
+        with_states = generator.generate(params, starts, key)
+        without = generator.generate(params, starts, key, states=False)
+        assert without.states is None and without.trees() == with_states.trees()
+        for a, b in zip(with_states[:-1], without[:-1]):
+            np.testing.assert_array_equal(a, b)
+        assert without.trees() == [_reference(params, s, (0, 2), 5, 30, key, b)[0] for b, s in enumerate(starts)]
+
+
 def test_bounds_turn_expanding_nodes_into_leaves_and_flag_the_example():
     generator = fd.Generator(_decoder(max_levels=3, max_nodes=7), state_type=fd.TensorType((H,)))
     params = generator.init(jax.random.key(1))
