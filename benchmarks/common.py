@@ -103,14 +103,18 @@ def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 0) -> dict[str, float]:
+def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 0,
+                        settle: float = 0.0) -> dict[str, float]:
     """Median wall time of each of ``fns`` over ``repeats`` rounds that take turns: in each round,
     each function runs twice and its second call is timed. Taking turns, rather than timing one
     function's calls and then the next's, exposes them to the same drift of a shared machine, so
     their ratios stay fair. The untimed call keeps a timed call from directly following another
     function's; it is no full cure: right after a call with gigabytes of temporaries, a
     millisecond matmul ran at a third to a half of its speed for several calls, so functions of
-    very different sizes are better timed each in a row (``table1.matmul_limit`` does).
+    very different sizes are better timed each in a row (``table1.matmul_limit`` does), or given
+    ``settle`` seconds: each function's untimed calls then repeat until they have run that long
+    (a 5 ms generation ran 1.4x slower for its first 40 ms after 70 ms of PyTorch or of sleep,
+    whatever its own calls before; ``generation`` settles 0.1 s).
 
     Python's garbage is collected first, and ``warmup`` untimed rounds run before the timed
     ones: after a benchmark had built nine GGNN batches on the host, the first nine rounds of
@@ -122,7 +126,10 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int, warmup:
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            begin = time.perf_counter()
             fn()
+            while time.perf_counter() - begin < settle:
+                fn()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

@@ -44,6 +44,11 @@ from benchmarks.common import add_run_flags, figure, interleaved_medians, median
 Tree = Any
 """A generated tree: a leaf's label (int) or a tuple of subtrees."""
 
+# Seconds each generator runs untimed before its timed call in a round (``interleaved_medians``):
+# fold's 5 ms calls ran 1.4x slower for 40 ms after the PyTorch loop's turn; the loops' own calls
+# (50-100 ms) take that long anyway.
+SETTLE = 0.1
+
 FOLD_STATES = "fold, with per-node states"
 """fold returning every node's state too (``generate``'s default), beside the trees the loops make."""
 
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seconds = interleaved_medians(
             {"fold": fold_trees, FOLD_STATES: lambda: fold_trees(states=True),
              **{name: lambda peer=peer: peer.trees(starts) for name, peer in peers.items()}},
-            args.repeats, warmup=2)
+            args.repeats, warmup=2, settle=SETTLE)
         rate = {name: batch / s for name, s in seconds.items()}
         run = {"batch_size": batch, "trees_per_s": rate, "seconds": seconds, "same_trees": agree,
                "fold_speedup": {name: rate["fold"] / rate[name] for name in peers},
