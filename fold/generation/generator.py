@@ -140,9 +140,9 @@ class Generator:
         padded rows repeat the first example, generate nothing and are dropped from the result.
 
         The decoder's scratch buffers (a tree decoder's per-node states: rows x ``max_nodes``
-        rows per state leaf) are kept from one call to the next for the same row count, so a
-        call neither allocates nor clears them; ``states=False`` leaves out the per-node states,
-        the one output as large as they are."""
+        rows per state leaf) are kept from one call to the next, one set per row count compiled
+        for (at most 4), so a call neither allocates nor clears them; ``states=False`` leaves out
+        the per-node states, the one output as large as they are."""
         if key is not None and not is_key(key):
             raise TypeError(f"generate's key must be a PRNG key such as jax.random.key(0) or None, got {key!r}")
         leaves = jax.tree_util.tree_leaves(start)
