@@ -83,22 +83,28 @@ class GeneratedTrees(NamedTuple):
         """Per example, its tree as nested tuples with int labels at the leaves (the form
         ``TreeDecoder`` scores)."""
         parent, arity, label, count = (np.asarray(a) for a in (self.parent, self.arity, self.label, self.num_nodes))
+        first = _first_children(parent, count)
         out = []
         for b in range(len(count)):
-            built: dict[int, PyObject] = {}
-            # Children are numbered after their parent: build from the last node back.
-            for n in range(int(count[b]) - 1, -1, -1):
-                if arity[b, n] == 0:
-                    built[n] = int(label[b, n])
-                else:
-                    first = _first_child(parent[b], n, int(count[b]))
-                    built[n] = tuple(built.pop(first + k) for k in range(int(arity[b, n])))
+            n_nodes = int(count[b])
+            kids, labels, firsts = arity[b, :n_nodes].tolist(), label[b, :n_nodes].tolist(), first[b].tolist()
+            built: list[PyObject] = [None] * n_nodes
+            # Children are numbered after their parent, consecutively: build from the last node back.
+            for n in range(n_nodes - 1, -1, -1):
+                k = kids[n]
+                built[n] = labels[n] if k == 0 else tuple(built[firsts[n]:firsts[n] + k])
             out.append(built[0])
         return out
 
 
-def _first_child(parent: np.ndarray, n: int, count: int) -> int:
-    return int(np.flatnonzero(parent[:count] == n)[0])
+def _first_children(parent: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """``[examples, max_nodes]``: each node's first child's number (the least number whose parent
+    it is), for the nodes of ``count`` that have children."""
+    examples, max_nodes = parent.shape
+    first = np.full((examples, max_nodes), max_nodes, np.int64)
+    b, m = np.nonzero((parent >= 0) & (np.arange(max_nodes) < count[:, None]))
+    np.minimum.at(first, (b, parent[b, m]), m)
+    return first
 
 
 class TreeDecoder(Decoder):
