@@ -35,7 +35,7 @@ from fold.blocks.sequences import _as_list, _element_type
 from fold.blocks.tensors import Function
 from fold.blocks.types import SequenceType, TensorType, TupleType, Type, dtype_kind, is_tensor_tree
 from fold.fields import documented
-from fold.generation.decoder import Decoder, choose, positive, token_log_prob
+from fold.generation.decoder import Decoder, choose, positive, token_log_prob, where_rows
 from fold.generation.device import DeviceFunction
 from fold.typing import Params, PyTree
 
@@ -184,7 +184,7 @@ class SequenceDecoder(Decoder):
             tokens = tokens.at[:, t].set(jnp.where(emits, tok, -1))
             nxt = step(params, (state, tok))
             state = jax.tree_util.tree_map(
-                lambda new, old: jnp.where(emits.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), nxt, state)
+                lambda new, old: where_rows(emits, new, old), nxt, state)
             if states:
                 history = jax.tree_util.tree_map(lambda h, x: h.at[:, t + 1].set(x), history, state)
             return t + 1, state, done | (active & ~emits), tokens, lengths + emits, logp, history

@@ -47,7 +47,7 @@ from fold.blocks.inputs import zeros_value
 from fold.blocks.tensors import Function
 from fold.blocks.types import PyObjectType, SequenceType, TensorType, TupleType, Type, dtype_kind, is_tensor_tree
 from fold.fields import documented
-from fold.generation.decoder import Decoder, choose, positive, token_log_prob
+from fold.generation.decoder import Decoder, choose, positive, token_log_prob, where_rows
 from fold.generation.device import DeviceFunction
 from fold.typing import Params, PyObject, PyTree
 
@@ -321,7 +321,7 @@ class _TreeLoop:
         stepped = self.fns["child"](self.params, (parent_state, sibling_state))
         start = jax.tree_util.tree_map(lambda a: a[e.example], self.start)
         state = jax.tree_util.tree_map(
-            lambda s, r: jnp.where(is_root.reshape((-1,) + (1,) * (s.ndim - 1)), r, s), stepped, start)
+            lambda s, r: where_rows(is_root, r, s), stepped, start)
         depth = jnp.where(is_root, 0, c.nodes.depth[parent] + 1)
 
         # Arity: what the node chooses, what the bounds grant.
@@ -414,9 +414,7 @@ class _TreeLoop:
         node_states = None
         if states:
             used = (jnp.arange(N)[None, :] < c.numbered[:, None]).reshape(-1)
-            node_states = jax.tree_util.tree_map(
-                lambda a: per_example(a if scratch is None else jnp.where(used.reshape((-1,) + (1,) * (a.ndim - 1)),
-                                                                          a, 0)), n.state)
+            node_states = jax.tree_util.tree_map(lambda a: per_example(where_rows(used, a, 0)), n.state)
         trees = GeneratedTrees(per_example(n.parent), per_example(n.position), per_example(n.arity),
                                per_example(label), c.numbered, c.truncated, log_prob, node_states)
         return trees, n.state
