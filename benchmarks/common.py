@@ -18,6 +18,7 @@ import jax
 import optax
 
 import fold as fd
+from examples.common import NATURAL
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -70,8 +71,24 @@ class _UseDevice(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _ReserveCores(argparse.Action):
+    """``--reserve-cores N``: ``fd.reserve_host_cores(N)``, as the flag is read (before ``--device``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values:
+            try:
+                fd.reserve_host_cores(values)
+            except RuntimeError as e:
+                parser.error(f"--reserve-cores {values}: {e} (give it before --device)")
+        setattr(namespace, self.dest, values)
+
+
 def add_device_flag(p: argparse.ArgumentParser) -> None:
-    """``--device PLATFORM``, which every benchmark takes: the first GPU run is one command."""
+    """``--device PLATFORM`` and ``--reserve-cores N``, which every benchmark takes: the first GPU
+    run is one command."""
+    p.add_argument("--reserve-cores", type=NATURAL, default=0, action=_ReserveCores, metavar="N",
+                   help="leave N CPU cores to the host's batch building (fd.reserve_host_cores; default 0: none)")
     p.add_argument("--device", default=None, action=_UseDevice, metavar="PLATFORM",
                    help="run on this platform's first device: cpu, gpu or tpu (default: JAX's default backend)")
 
@@ -143,7 +160,8 @@ def save_results(name: str, results: dict, args: argparse.Namespace,
     where both went."""
     out = pathlib.Path(args.json) if args.json else RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
+    out.write_text(json.dumps({**results, "reserve_cores": getattr(args, "reserve_cores", 0), "machine": machine()},
+                              indent=2) + "\n")
     png = out.with_suffix(".png")
     plot(png)
     print(f"\nresults written to {out} and {png.name}")

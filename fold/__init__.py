@@ -63,6 +63,7 @@ from fold.compiler.compiler import Compiler
 from fold.compiler.result import MetricValues, Result
 from fold.compiler.sharding import ShardedBatch
 from fold.compiler.stats import CompilerStats
+from fold.cores import reserve_host_cores
 from fold.generation.generator import Generator
 from fold.generation.sequence import Generated, SequenceDecoder
 from fold.generation.tree import GeneratedTrees, TreeDecoder
@@ -85,5 +86,5 @@ __all__ = [
     "Tensor", "TensorType", "TrainState", "Trainer", "TreeDecoder", "TupleType", "Type", "Vector", "Void", "VoidType",
     "Zeros",
     "Zip", "ZipWith", "checkpoint_metadata", "convert_to_block", "convert_to_type", "load_checkpoint",
-    "plot_schedule", "save_checkpoint", "schedule_profile", "visualize",
+    "plot_schedule", "reserve_host_cores", "save_checkpoint", "schedule_profile", "visualize",
 ]

@@ -297,7 +297,9 @@ class Trainer:
         layers' keys.
       num_workers: worker processes building batches ahead
         (``compiler.batches``); 0 builds them on a thread of this process
-        while the steps run.
+        while the steps run (on a CPU backend with few cores,
+        ``fd.reserve_host_cores`` at the program's start leaves that thread
+        a core of its own).
       progress: show tqdm progress bars and per-evaluation lines.
 
     Raises:

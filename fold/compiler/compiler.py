@@ -352,8 +352,9 @@ class Compiler:
         process builds the next batches, in order, while the caller runs its
         step, so a loop that waits for its loss every step (to log it) does not
         wait for the host too, wherever the step leaves a core free: beside a GPU
-        or TPU always, on the CPU when XLA does not use every core
-        (docs/performance.md). The examples' Python code (``InputTransform``
+        or TPU always, on the CPU when XLA does not use every core (on a CPU
+        with few cores, ``fd.reserve_host_cores`` keeps one for it; see
+        docs/performance.md). The examples' Python code (``InputTransform``
         functions and the like) then runs on that thread: one that draws from a
         random generator the loop draws from too makes the draws depend on the
         threads' timing (give it its own generator). ``prefetch=False`` builds

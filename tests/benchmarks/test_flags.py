@@ -17,6 +17,7 @@ COUNTS = {
                  "--repeats"],
     "fuzz": ["--cases", "--jobs"],
     "host_allocator": ["--batch-sizes", "--rounds", "--steps", "--hidden"],
+    "host_cores": ["--batch-sizes", "--batches", "--rounds"],
     "memory": ["--batch-size", "--batches", "--hidden", "--embed-size"],
     "prefetch": ["--batch-sizes", "--batches", "--repeats"],
     "scaling": ["--devices", "--per-device", "--steps", "--hidden", "--embed-size"],
@@ -83,3 +84,16 @@ def test_executor_chunk_sizes_are_powers_of_two(monkeypatch, capsys):
 def test_a_device_that_is_not_there_is_a_usage_error(name, monkeypatch, capsys):
     """Every benchmark takes ``--device``; a platform JAX does not have is refused as the flag is read."""
     assert "--device nowhere:" in _usage_error(name, ["--device", "nowhere"], monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_reserving_cores_after_the_backends_started_is_a_usage_error(name, monkeypatch, capsys):
+    """Every benchmark takes ``--reserve-cores``; here JAX has started, so it is refused as the
+    flag is read (``tests/test_cores.py`` runs a reservation in a fresh process)."""
+    import jax
+
+    jax.devices()
+    err = _usage_error(name, ["--reserve-cores", "1"], monkeypatch, capsys)
+    assert "--reserve-cores 1: reserve_host_cores must run before JAX starts its backends" in err
+    assert "--reserve-cores: must be int >= 0, got -1" in _usage_error(name, ["--reserve-cores", "-1"], monkeypatch,
+                                                                       capsys)
