@@ -51,9 +51,10 @@ def reserve_host_cores(n: int = 1) -> tuple[int, ...]:
       n: how many cores to leave to the host (at least 1).
 
     Returns:
-      The cores JAX's threads may use: all of them, with a warning, where
-      the process may use no more than ``n`` cores or the platform cannot
-      restrict threads to cores.
+      The cores JAX's threads may use: all of the process's, with a
+      warning, where it may use no more than ``n``; an empty tuple, with a
+      warning, where the platform cannot restrict threads to cores (only
+      Linux can), and JAX then uses all of them.
 
     Raises:
       ValueError: ``n`` is not a positive int.
