@@ -18,7 +18,7 @@ import jax
 import optax
 
 import fold as fd
-from examples.common import NATURAL
+from examples.common import add_reserve_flag
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -71,24 +71,10 @@ class _UseDevice(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-class _ReserveCores(argparse.Action):
-    """``--reserve-cores N``: ``fd.reserve_host_cores(N)``, as the flag is read (before ``--device``)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        if values:
-            try:
-                fd.reserve_host_cores(values)
-            except RuntimeError as e:
-                parser.error(f"--reserve-cores {values}: {e} (give it before --device)")
-        setattr(namespace, self.dest, values)
-
-
 def add_device_flag(p: argparse.ArgumentParser) -> None:
     """``--device PLATFORM`` and ``--reserve-cores N``, which every benchmark takes: the first GPU
     run is one command."""
-    p.add_argument("--reserve-cores", type=NATURAL, default=0, action=_ReserveCores, metavar="N",
-                   help="leave N CPU cores to the host's batch building (fd.reserve_host_cores; default 0: none)")
+    add_reserve_flag(p)
     p.add_argument("--device", default=None, action=_UseDevice, metavar="PLATFORM",
                    help="run on this platform's first device: cpu, gpu or tpu (default: JAX's default backend)")
 

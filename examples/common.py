@@ -46,9 +46,30 @@ COUNT, NATURAL = number(int, 1), number(int, 0)
 RATE, FRACTION = number(float, 0, low_open=True), number(float, 0, 1, high_open=True)
 
 
+class _ReserveCores(argparse.Action):
+    """``--reserve-cores N``: ``fd.reserve_host_cores(N)``, as the flag is read (0: none). Give it
+    before any flag that starts JAX (a benchmark's ``--device``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values:
+            try:
+                fd.reserve_host_cores(values)
+            except RuntimeError as e:
+                parser.error(f"--reserve-cores {values}: {e}")
+        setattr(namespace, self.dest, values)
+
+
+def add_reserve_flag(p: argparse.ArgumentParser) -> None:
+    """``--reserve-cores N``, which the examples and benchmarks take."""
+    p.add_argument("--reserve-cores", type=NATURAL, default=0, action=_ReserveCores, metavar="N",
+                   help="leave N CPU cores to building batches (fd.reserve_host_cores; default 0: none)")
+
+
 def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, batch_size: int,
                        learning_rate: float, learning_rate_help: str | None = None) -> None:
-    """The flags every example shares: schedule, seed, --quick, --json, --quiet, workers, checkpoints."""
+    """The flags every example shares: schedule, seed, --quick, --json, --quiet, workers, checkpoints,
+    reserved cores."""
     p.add_argument("--epochs", type=COUNT, default=epochs, help="passes over the training set")
     p.add_argument("--batch-size", type=COUNT, default=batch_size, help="examples per batch")
     p.add_argument("--learning-rate", type=RATE, default=learning_rate,
@@ -65,6 +86,7 @@ def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, ba
     p.add_argument("--resume", action="store_true",
                    help="continue the run saved in the checkpoint dir (without it, a run replaces the one saved there)")
     p.add_argument("--log-dir", default=None, help="write TensorBoard scalars there (needs tensorboardX)")
+    add_reserve_flag(p)
 
 
 def trainer(compiler: fd.Compiler, optimizer: optax.GradientTransformation, args: argparse.Namespace,

@@ -44,6 +44,7 @@ BAD_FLAGS = [
     (["--workers", "-1"], "--workers: must be int >= 0, got -1"),
     (["--learning-rate", "0"], "--learning-rate: must be float > 0, got 0"),
     (["--seed", "-1"], "--seed: must be int >= 0, got -1"),
+    (["--reserve-cores", "-1"], "--reserve-cores: must be int >= 0, got -1"),
 ]
 EXAMPLE_FLAGS = [
     ("attention", ["--t0", "10", "0"], "--t0: must be int >= 1, got 0"),
@@ -65,3 +66,16 @@ def test_a_flag_out_of_range_is_a_usage_error_naming_it(name, argv, message, cap
         _parse(name, argv, monkeypatch)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", [n for n in EXAMPLES if n != "quickstart"])
+def test_reserving_cores_after_jax_started_is_a_usage_error(name, capsys, monkeypatch):
+    """JAX runs here already (started first, so that the flag cannot reserve cores in the test
+    process): the reservation comes too late. ``tests/test_cores.py`` runs one in a fresh process."""
+    import jax
+
+    jax.devices()
+    with pytest.raises(SystemExit) as exit_:
+        _parse(name, ["--reserve-cores", "1"], monkeypatch)
+    assert exit_.value.code == 2
+    assert "--reserve-cores 1: reserve_host_cores must run before JAX starts its backends" in capsys.readouterr().err
