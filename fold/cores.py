@@ -39,8 +39,9 @@ def reserve_host_cores(n: int = 1) -> tuple[int, ...]:
     ``compiler.batches`` builds batches on, may run anywhere. It pays where a
     step is many small operations (chains, small batches) and the host
     builds the next batch while the step runs; it costs where large matmuls
-    would have used every core (docs/performance.md, "Leaving a core to the
-    host").
+    would have used every core, and XLA compiles on the cores it keeps (an
+    SST step's first call took 1.7-1.9x as long on 1 of 2 cores:
+    docs/performance.md, "Leaving a core to the host").
 
     Example (a script's first lines)::
 
