@@ -308,7 +308,7 @@ class Executor:
             for i, x_ct in zip(diff, x_cts):
                 t = op.in_tidx[i]
                 to = jnp.where(r.valid, r.idx[:, i], ct[t].shape[0])  # out of bounds: dropped
-                ct[t] = ct[t].at[to].add(_masked(r.valid, x_ct), mode="drop", wrap_negative_indices=False)
+                ct[t] = ct[t].at[to].add(where_rows(r.valid, x_ct), mode="drop", wrap_negative_indices=False)
             return ct, jax.tree_util.tree_map(jnp.add, p_acc, p_ct)
 
         out: tuple[Arenas, PyTree] = lax.fori_loop(0, rows.pieces(piece), body,
@@ -319,7 +319,7 @@ class Executor:
                  dests: list[jax.Array]) -> list[jax.Array | np.ndarray]:
         """The cotangents of ``op``'s outputs at rows ``dests`` (one array per output), zero on rows
         that are not ``valid`` (and float0 for outputs of types without a cotangent arena)."""
-        return [_masked(valid, ct[t].at[dest].get(mode="fill", fill_value=0, wrap_negative_indices=False)) if t in ct
+        return [where_rows(valid, ct[t].at[dest].get(mode="fill", fill_value=0, wrap_negative_indices=False)) if t in ct
                 else np.zeros((valid.shape[0], *self.types[t].shape), jax.dtypes.float0)
                 for (t, _), dest in zip(op.out_slots, dests)]
 
@@ -522,7 +522,7 @@ class Executor:
                         # its rows, and beside the recomputation above rather than before it.
                         start = out_rows[self.program.slot_index[(t, k)]]
                         chunk = lax.dynamic_slice_in_dim(ct[t], start, size)
-                        cts.append(_masked(valid, chunk))
+                        cts.append(where_rows(valid, chunk))
                     else:
                         cts.append(np.zeros((size, *self.types[t].shape), jax.dtypes.float0))
                 p_ct, *x_cts = vjp(cts)
@@ -531,7 +531,7 @@ class Executor:
                 in_rows = {t: jnp.full((k, C), dump[t], jnp.int32) for t, k in k_in.items()}
                 for i, x_ct in zip(diff, x_cts):
                     t, k = op.in_slots[i]
-                    in_cts[t] = in_cts[t].at[k, :size].set(_masked(valid, x_ct))
+                    in_cts[t] = in_cts[t].at[k, :size].set(where_rows(valid, x_ct))
                     in_rows[t] = in_rows[t].at[k, :size].set(jnp.where(valid, idx[:, i], dump[t]))
                 p_full = {name: jax.tree_util.tree_map(jnp.zeros_like, lparams[name]) for name in in_loop}
                 if op.layer is not None and q not in after:
@@ -755,7 +755,7 @@ def _with_saved(vjp: _Vjp, plan: _Plan, rows: list[jax.Array], valid: jax.Array)
     leaves, tree = jax.tree_util.tree_flatten(vjp)
     for (j, _, _), r in zip(plan, rows):
         if leaves[j].shape == r.shape and leaves[j].dtype == r.dtype:
-            leaves[j] = _masked(valid, r, r[:1])
+            leaves[j] = where_rows(valid, r, r[:1])
     out: _Vjp = jax.tree_util.tree_unflatten(tree, leaves)
     return out
 
@@ -772,10 +772,10 @@ def take_rows(a: jax.Array | np.ndarray, rows: jax.Array | np.ndarray) -> jax.Ar
     return jnp.asarray(a).at[rows].get(mode="clip", wrap_negative_indices=False)
 
 
-def _masked(valid: jax.Array, x: jax.Array, fill: jax.Array | None = None) -> jax.Array:
-    """``x`` with the rows where ``valid`` is False set to ``fill`` (zero when None)."""
+def where_rows(mask: jax.Array, x: jax.Array, fill: jax.Array | float | None = None) -> jax.Array:
+    """Per row (the leading axis), ``x`` where ``mask`` holds, else ``fill`` (zeros when None)."""
     fill = jnp.zeros((), x.dtype) if fill is None else fill
-    return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, fill)
+    return jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, fill)
 
 
 def _write_rows(arenas: Arenas, op: CompiledOp, ys: list[jax.Array], valid: jax.Array, dest: list[jax.Array]) -> Arenas:
@@ -783,7 +783,7 @@ def _write_rows(arenas: Arenas, op: CompiledOp, ys: list[jax.Array], valid: jax.
     out-of-bounds rows are dropped), zeros on rows that are not ``valid``."""
     arenas = dict(arenas)
     for y, (t, _), rows in zip(ys, op.out_slots, dest):
-        arenas[t] = arenas[t].at[rows].set(_masked(valid, y), mode="drop", wrap_negative_indices=False)
+        arenas[t] = arenas[t].at[rows].set(where_rows(valid, y), mode="drop", wrap_negative_indices=False)
     return arenas
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fold.generation.sequence import Generated
     from fold.generation.tree import GeneratedTrees
 
-__all__ = ["Decoder", "Generation", "argmax", "choose", "positive", "token_log_prob", "where_rows"]
+__all__ = ["Decoder", "Generation", "argmax", "choose", "positive", "token_log_prob"]
 
 Generation: TypeAlias = "Generated | GeneratedTrees"
 """What a decoder generates for a batch of start states."""
@@ -42,11 +42,6 @@ def token_log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
     picked = jnp.take_along_axis(logp, token[..., None].astype(jnp.int32), axis=-1, mode="fill",
                                  fill_value=jnp.nan)
     return picked[..., 0]
-
-
-def where_rows(mask: jax.Array, x: jax.Array, y: jax.Array | float) -> jax.Array:
-    """Per row (the leading axis), ``x`` where ``mask`` holds, else ``y``."""
-    return jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, y)
 
 
 def argmax(x: jax.Array) -> jax.Array:

@@ -46,8 +46,9 @@ from fold.blocks.host import BlockLike, HostContext, HostValue, HostWalk
 from fold.blocks.inputs import zeros_value
 from fold.blocks.tensors import Function
 from fold.blocks.types import PyObjectType, SequenceType, TensorType, TupleType, Type, dtype_kind, is_tensor_tree
+from fold.compiler.executor import where_rows
 from fold.fields import documented
-from fold.generation.decoder import Decoder, choose, positive, token_log_prob, where_rows
+from fold.generation.decoder import Decoder, choose, positive, token_log_prob
 from fold.generation.device import DeviceFunction
 from fold.typing import Params, PyObject, PyTree
 
