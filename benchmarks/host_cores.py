@@ -50,9 +50,7 @@ def _worker(model: str, batch_size: int, batches: int, data_dir: str | None, qui
     random.Random(0).shuffle(trees)
     if model == "tagger":
         examples = tagger.examples_of(trees)
-        sizes = tagger.parse_args(["--quick"] if quick else [])
-        word_idx, char_idx = tagger.vocabularies(examples, sizes.min_count)
-        compiler = fd.Compiler.create(tagger.build_model(word_idx, char_idx, sizes))
+        compiler = fd.Compiler.create(models.tagger_model(examples))
         optimizer, total = optax.sgd(0.01), True
     else:
         examples = trees
