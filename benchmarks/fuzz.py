@@ -47,7 +47,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import fold as fd
-from benchmarks.common import RESULTS, add_device_flag, machine
+from benchmarks.common import RESULTS, add_device_flag, clear_caches_after, machine
 from benchmarks.random_models import RandomModel, random_model
 from examples.common import COUNT, NATURAL
 
@@ -60,11 +60,6 @@ DEFAULT_GRAMMAR = "every"
 CHUNKS: tuple[int | tuple[int, ...], ...] = (8, 16, 32, 128, 512, (32, 128, 512))
 # Cases between saves of the results file during a run.
 SAVE_EVERY = 20
-# Cases a process runs between clearings of JAX's caches. Every case compiles functions of its own
-# (about 45 MB a case kept), but clearing after each one also drops the small eager operations
-# (``init``, the reference) that every case shares, which then compile again: 30 cases took 226 s
-# clearing after each and 182 s never clearing. Every 10 cases, a worker's RSS stays flat (about 2 GB).
-CLEAR_EVERY = 10
 # Tolerances of float32 batched against per-example evaluation (sums in another order). The absolute
 # ones scale with the largest magnitude of the array compared (at least 1): an entry that comes out
 # of cancellation carries the rounding of the terms it came from (seed 1813, docs/design.md: there the
@@ -199,16 +194,15 @@ _cases_in_process = itertools.count(1)
 def outcome(drawn: tuple[int, str]) -> tuple[Case, str, dict | None, float]:
     """The case of ``drawn`` (a seed and a grammar), run:
     its model's description and None, or its failure (a mismatch or any error is a finding), and
-    the seconds it took. Clears JAX's caches every ``CLEAR_EVERY`` cases of this process, so that
-    a long run's memory stays flat."""
+    the seconds it took. Clears JAX's caches every ``CLEAR_EVERY`` cases of this process
+    (``benchmarks.common.clear_caches_after``)."""
     case, start = Case.draw(*drawn), time.perf_counter()
     try:
         text, failure = run_case(case)[0], None
     except Exception as e:
         text, failure = "", {"case": case._asdict(), "error": f"{type(e).__name__}: {e}"[:2000],
                              "traceback": traceback.format_exc()[-3000:]}
-    if next(_cases_in_process) % CLEAR_EVERY == 0:
-        jax.clear_caches()
+    clear_caches_after(next(_cases_in_process))
     return case, text, failure, time.perf_counter() - start
 
 

@@ -35,3 +35,28 @@ def test_a_generator_that_decides_wrongly_is_caught(monkeypatch):
         monkeypatch.setattr(f"{module}.choose", worst)
     with pytest.raises(random_decoders.Failure, match="generated"):
         random_decoders.check(_seeds(fd.TreeDecoder, 1)[0], examples=3)
+
+
+def test_a_run_records_any_error_and_clears_caches_as_it_goes(monkeypatch, tmp_path):
+    """A case that raises is a finding, not the end of the run (a long run once stopped after 40
+    cases when XLA's LLVM could not allocate memory), and JAX's caches are cleared every
+    ``CLEAR_EVERY`` cases so that its memory stays flat."""
+    checked, cleared = [], []
+
+    def check(seed, examples=5):
+        checked.append(seed)
+        if seed == 11:
+            raise RuntimeError("LLVM ERROR: out of memory")
+        if seed == 12:
+            raise random_decoders.Failure(f"seed {seed}: generated [1] (flag False), reference [2] (flag False)")
+        return {"seed": seed, "decoder": "SequenceDecoder(...)", "flagged": 0}
+
+    monkeypatch.setattr(random_decoders, "check", check)
+    monkeypatch.setattr("benchmarks.common.CLEAR_EVERY", 2)
+    monkeypatch.setattr("jax.clear_caches", lambda: cleared.append(len(checked)))
+    result = random_decoders.main(["--cases", "5", "--first-seed", "10", "--json", str(tmp_path / "out.json")])
+    assert checked == [10, 11, 12, 13, 14]
+    assert result["failures"] == ["seed 11: RuntimeError: LLVM ERROR: out of memory",
+                                  "seed 12: generated [1] (flag False), reference [2] (flag False)"]
+    assert result["kinds"] == {"SequenceDecoder": 3}
+    assert cleared == [2, 4]
