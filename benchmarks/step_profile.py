@@ -164,7 +164,7 @@ def cell_need(compiler: fd.Compiler, params: Any, batch: fd.Batch, repeats: int)
             op = executor.ops[o]
             xs = [floats[o][i] if jnp.issubdtype(x.dtype, jnp.floating) else x for i, x in enumerate(xs)]
             p = None if op.layer is None else params[op.layer.name]
-            for y in op.spec.fn(p, None, *xs):
+            for y in op.fn(p, None, *xs):
                 if jnp.issubdtype(y.dtype, jnp.floating):
                     out = out + jnp.sum(y.astype(jnp.float32))
         return out

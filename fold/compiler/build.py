@@ -30,6 +30,7 @@ from fold.blocks.types import (
     is_tensor_tree,
     tensor_types,
 )
+from fold.compiler.outputs import distinct_fn, output_leaves
 from fold.scheduler.fusion import Fused, fuse_pipes
 from fold.scheduler.plan import leaf_paths
 from fold.scheduler.program import CompiledOp, Program, Slot
@@ -162,13 +163,15 @@ def _operations(blocks: Sequence[Block], pipe_steps: Mapping[Block, Sequence[Ste
 def _compiled_op(spec: OpSpec, type_index: Mapping[TensorType, int]) -> CompiledOp:
     """``spec`` with its arena slots resolved against the program's types."""
     in_tidx = tuple(type_index[t] for t in spec.in_types)
-    out_tidx = tuple(type_index[t] for t in spec.out_types)
+    leaves = output_leaves(spec)
+    out_tidx = tuple(type_index[spec.out_types[leaves.index(d)]] for d in range(max(leaves, default=-1) + 1))
     layer = spec.layer
     # The check sees the operation's own inputs only where the layer reads them first.
     overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs
     check = layer.check_constant_inputs if layer is not None and overridden and spec.layer_first else None
     return CompiledOp(spec=spec, in_tidx=in_tidx, out_tidx=out_tidx, in_slots=_slots(in_tidx),
-                      out_slots=_slots(out_tidx), in_paths=tuple(leaf_paths(spec.in_type)), check_inputs=check)
+                      out_slots=_slots(out_tidx), fn=distinct_fn(spec.fn, leaves), out_leaves=leaves,
+                      in_paths=tuple(leaf_paths(spec.in_type)), check_inputs=check)
 
 
 def _slots(tidx: tuple[int, ...]) -> tuple[Slot, ...]:

@@ -106,6 +106,9 @@ class _Rows(NamedTuple):
 # Index literals must match the int32 index arrays, also when x64 is on.
 _I0 = np.int32(0)
 
+# Columns of a work item's row in ``Executor._item_table``.
+_ITEM_NODE, _ITEM_COUNT, _ITEM_OUT = 0, 1, 2
+
 # Streams of per-call keys: loop items, hoisted and tail groups never share a key.
 _LOOP_STREAM, _HOIST_STREAM, _TAIL_STREAM = 0, 1, 2
 
@@ -175,7 +178,7 @@ class Executor:
 
     def _call(self, op: CompiledOp, params: Params, rng: jax.Array | None, xs: list[jax.Array]) -> list[jax.Array]:
         """Runs ``op``, checking its results against its declared types."""
-        return _check(op, op.spec.fn(self._params_for(op, params), rng, *xs))
+        return _check(op, op.fn(self._params_for(op, params), rng, *xs))
 
     def _vjp(self, op: CompiledOp, p: PyTree, rng: jax.Array | None, xs: list[jax.Array], float_types: list[int],
              save: bool) -> tuple[list[jax.Array], _Vjp, list[int]]:
@@ -187,7 +190,7 @@ class Executor:
             full = list(xs)
             for i, dx in zip(diff, dxs):
                 full[i] = dx
-            return op.spec.fn(p, rng, *full)
+            return op.fn(p, rng, *full)
 
         if save:
             f = jax.checkpoint(f, prevent_cse=False, policy=_SAVED)
@@ -239,7 +242,7 @@ class Executor:
         ``params`` may be abstract; nothing is compiled or run."""
         op = self.ops[o]
         xs = [jax.ShapeDtypeStruct((rows, *self.types[t].shape), self.types[t].dtype) for t in op.in_tidx]
-        lowered = jax.jit(lambda p, *xs: op.spec.fn(p, None, *xs)).lower(
+        lowered = jax.jit(lambda p, *xs: op.fn(p, None, *xs)).lower(
             _abstract(self._params_for(op, params)), *xs)
         cost = lowered.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
@@ -286,7 +289,7 @@ class Executor:
 
         def body(k: jax.Array, written: Arenas) -> Arenas:
             r = rows.piece(piece, k)
-            ys = _check(op, op.spec.fn(p, r.rng, *_gather_rows(op, {**arenas, **written}, r.idx)))
+            ys = _check(op, op.fn(p, r.rng, *_gather_rows(op, {**arenas, **written}, r.idx)))
             return _write_rows(written, op, ys, r.valid, r.dest)
 
         written = {t: arenas[t] for t in set(op.out_tidx)}
@@ -379,7 +382,7 @@ class Executor:
         if o not in self._reads_key:
             op = self.ops[o]
             xs = [jax.ShapeDtypeStruct((MIN_ITEM, *self.types[t].shape), self.types[t].dtype) for t in op.in_tidx]
-            closed = jax.make_jaxpr(lambda rng, p, *xs: op.spec.fn(p, rng, *xs))(rng, _abstract(p), *xs)
+            closed = jax.make_jaxpr(lambda rng, p, *xs: op.fn(p, rng, *xs))(rng, _abstract(p), *xs)
             key_vars = closed.jaxpr.invars[:len(jax.tree_util.tree_leaves(rng))]
             read = [v for eqn in closed.jaxpr.eqns for v in eqn.invars] + list(closed.jaxpr.outvars)
             self._reads_key[o] = any(v is k for v in read for k in key_vars)
@@ -421,20 +424,23 @@ class Executor:
         out: PyTree = lax.fori_loop(0, op_rows.pieces(piece), body, jax.tree_util.tree_map(jnp.zeros_like, p))
         return out
 
-    def _saved_starts(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers,
-                      i: jax.Array) -> list[jax.Array]:
-        """Per saved buffer, the row from which item ``i`` writes (and reads back) its ``C`` rows:
-        its operation's region of that buffer plus the item's offset in it (the schedule lays each
-        operation's items out one after another, each writing ``C`` rows from where the previous
-        one's padded rows end, so a padded tail lands only on rows a later item of the same
-        operation writes, or on its region's spill rows), or the ``C`` dump rows past the end
-        when its operation keeps nothing there."""
-        q = arrays.items_branch[i] // len(layout_item_sizes(layout))
+    def _item_table(self, arrays: BatchArrays, layout: BatchLayout, buffers: _SavedBuffers) -> jax.Array:
+        """Per work item, one int32 row that a loop iteration reads with one dynamic slice (each
+        scalar read on its own was an operation of its own in every iteration): its first node,
+        its real rows, per output slot the arena row it writes from (from column ``_ITEM_OUT``), then per
+        saved buffer the row it writes (and reads back) its ``C`` rows from: its operation's region
+        of that buffer plus the item's offset in it (the schedule lays each operation's items out
+        one after another, each writing ``C`` rows from where the previous one's padded rows end,
+        so a padded tail lands only on rows a later item of the same operation writes, or on its
+        region's spill rows), or the ``C`` dump rows past the end when its operation keeps
+        nothing there."""
+        q = arrays.items_branch // len(layout_item_sizes(layout))
         starts = []
         for first_rows, rows in zip(buffers.first_rows, buffers.rows):
             first = jnp.asarray(first_rows)[q]
-            starts.append(jnp.where(first >= 0, first + arrays.items_saved[i], rows))
-        return starts
+            starts.append(jnp.where(first >= 0, first + arrays.items_saved, rows)[:, None])
+        cols = [arrays.items_node[:, None], arrays.items_count[:, None], arrays.items_out, *starts]
+        return jnp.concatenate([jnp.asarray(c, jnp.int32) for c in cols], axis=1)
 
     def _branch_table(self, layout: BatchLayout, make: Callable[[int, CompiledOp, int], _Branch]) -> list[_Branch]:
         """The loop's ``lax.switch`` table: ``make(q, op, size)`` for each loop operation ``q`` and
@@ -446,9 +452,9 @@ class Executor:
         C = layout.chunk
 
         def make(q: int, op: CompiledOp, size: int) -> _Branch:
-            def branch(lparams: Params, rng: jax.Array | None, arenas: Arenas, in_idx: jax.Array, first: jax.Array,
-                       count: jax.Array) -> tuple[Arenas, list[jax.Array]]:
-                xs, _, _ = self._gather_inputs(op, arenas, in_idx, first, count, size)
+            def branch(lparams: Params, rng: jax.Array | None, arenas: Arenas, in_idx: jax.Array,
+                       row: jax.Array) -> tuple[Arenas, list[jax.Array]]:
+                xs, _, _ = self._gather_inputs(op, arenas, in_idx, row[_ITEM_NODE], row[_ITEM_COUNT], size)
                 saved = [jnp.zeros((C, *shape), dtype) for shape, dtype in buffers.rows_of]
                 if q in plans:
                     ys, vjp, _ = self._vjp(op, self._params_for(op, lparams), rng, xs, float_types, True)
@@ -478,17 +484,19 @@ class Executor:
         saved0 = [jnp.zeros((rows + layout.chunk, *shape), dtype)
                   for rows, (shape, dtype) in zip(buffers.rows, buffers.rows_of)]
 
+        table = self._item_table(arrays, layout, buffers)
+        n_slots = arrays.items_out.shape[1]
+
         def body(state: tuple[jax.Array, Arenas, list[jax.Array]]) -> tuple[jax.Array, Arenas, list[jax.Array]]:
             i, arenas, saved = state
+            row = lax.dynamic_index_in_dim(table, i, keepdims=False)
             chunks, saved_chunks = lax.switch(arrays.items_branch[i], branches, lparams,
-                                              _fold(key, _LOOP_STREAM, i), arenas, arrays.in_idx,
-                                              arrays.items_node[i], arrays.items_count[i])
+                                              _fold(key, _LOOP_STREAM, i), arenas, arrays.in_idx, row)
             arenas = dict(arenas)
             for t, k_max in k_out.items():
                 for k in range(k_max):
-                    arenas[t] = _write_at(arenas[t], chunks[t][k], arrays.items_out[i, slot_index[(t, k)]])
-            starts = self._saved_starts(arrays, layout, buffers, i)
-            saved = [_write_at(b, c, start) for b, c, start in zip(saved, saved_chunks, starts)]
+                    arenas[t] = _write_at(arenas[t], chunks[t][k], row[_ITEM_OUT + slot_index[(t, k)]])
+            saved = [_write_at(b, c, row[_ITEM_OUT + n_slots + j]) for j, (b, c) in enumerate(zip(saved, saved_chunks))]
             return i + 1, arenas, saved
 
         _, arenas, saved = lax.while_loop(lambda s: s[0] < arrays.n_items, body,
@@ -506,10 +514,10 @@ class Executor:
         dump = layout.arena_rows  # per type, the first row past its arena's real rows
 
         def make(q: int, op: CompiledOp, size: int) -> _Branch:
-            def branch(lparams: Params, rng: jax.Array | None, arenas: Arenas, in_idx: jax.Array, first: jax.Array,
-                       count: jax.Array, ct: Arenas, out_rows: jax.Array,
-                       saved: list[jax.Array]) -> tuple[Arenas, dict[int, jax.Array], Params]:
-                xs, idx, valid = self._gather_inputs(op, arenas, in_idx, first, count, size)
+            def branch(lparams: Params, rng: jax.Array | None, arenas: Arenas, in_idx: jax.Array, row: jax.Array,
+                       ct: Arenas, saved: list[jax.Array]) -> tuple[Arenas, dict[int, jax.Array], Params]:
+                xs, idx, valid = self._gather_inputs(op, arenas, in_idx, row[_ITEM_NODE], row[_ITEM_COUNT], size)
+                out_rows = row[_ITEM_OUT:]
 
                 p = self._params_for(op, lparams)
                 _, vjp, diff = self._vjp(op, p, rng, xs, float_types, q in plans)
@@ -552,15 +560,19 @@ class Executor:
                           if q not in after and (layer := self.ops[o].layer) is not None})
         branches = self._backward_branches(layout, k_in, float_types, plans, buffers, after, in_loop)
 
+        table = self._item_table(arrays, layout, buffers)
+        n_slots = arrays.items_out.shape[1]
+
         def body(state: tuple[jax.Array, Arenas, Params]) -> tuple[jax.Array, Arenas, Params]:
             i, ct, p_acc = state
+            row = lax.dynamic_index_in_dim(table, i, keepdims=False)
             # Saved chunks are sliced here: a saved buffer passed into the switch made SST's step
             # at batch 64 1.24x as long (the cotangent arenas, passed in, cost nothing).
-            saved_chunks = [lax.dynamic_slice_in_dim(b, start, layout.chunk)
-                            for b, start in zip(saved, self._saved_starts(arrays, layout, buffers, i))]
+            saved_chunks = [lax.dynamic_slice_in_dim(b, row[_ITEM_OUT + n_slots + j], layout.chunk)
+                            for j, b in enumerate(saved)]
             in_cts, in_rows, p_ct = lax.switch(
                 arrays.items_branch[i], branches, lparams, _fold(key, _LOOP_STREAM, i), arenas, arrays.in_idx,
-                arrays.items_node[i], arrays.items_count[i], ct, arrays.items_out[i], saved_chunks)
+                row, ct, saved_chunks)
             ct = dict(ct)
             for t in in_cts:
                 ct[t] = ct[t].at[in_rows[t]].add(in_cts[t], wrap_negative_indices=False)
@@ -794,7 +806,7 @@ def _write_at(buffer: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Arra
 
 def _check(op: CompiledOp, ys: list[jax.Array]) -> list[jax.Array]:
     """``op``'s results ``ys``, checked against its declared types."""
-    for y, t in zip(ys, op.spec.out_types):
+    for y, t in zip(ys, op.out_types):
         if y.shape[1:] != t.shape or y.dtype != t.dtype:
             raise TypeError(
                 f"{op.spec.label} returned {y.dtype}{list(y.shape[1:])} but its type is {t}: were the "

@@ -70,15 +70,17 @@ def _tuple_expr(items: list[str]) -> str:
 
 def value_expr(t: Type, first: str, leaf: Callable[[str], str] = lambda e: e,
                tup: Callable[[list[str]], str] = _tuple_expr,
-               void: Callable[[], str] = lambda: "None") -> str:
-    """An expression for the host value of type ``t`` whose tensor ids are ``first, first + 1, ...``.
-    ``leaf``, ``tup`` and ``void`` make each part from its id expression or items (the emitter passes
-    ones that emit statements and return variables)."""
+               void: Callable[[], str] = lambda: "None", ids: Sequence[int] | None = None) -> str:
+    """An expression for the host value of type ``t`` whose tensor ids are ``first, first + 1, ...``,
+    or ``first + ids[0], first + ids[1], ...`` (``CompiledOp.out_leaves``: outputs that are one
+    value share an id). ``leaf``, ``tup`` and ``void`` make each part from its id expression or
+    items (the emitter passes ones that emit statements and return variables)."""
     counter = itertools.count()
 
     def expr(t: Type) -> str:
         if isinstance(t, TensorType):
-            k = next(counter)
+            n = next(counter)
+            k = n if ids is None else ids[n]
             return leaf(f"{first} + {k}" if k else first)
         if isinstance(t, TupleType):
             return tup([expr(i) for i in t])
@@ -224,8 +226,9 @@ class Emitter:
             self._depths[v] = d
             return v
 
-        return value_expr(self.program.ops[o].spec.out_type, first, leaf=leaf, tup=self.tuple,
-                          void=lambda: self.assign("None"))
+        op = self.program.ops[o]
+        return value_expr(op.spec.out_type, first, leaf=leaf, tup=self.tuple, void=lambda: self.assign("None"),
+                          ids=op.out_leaves)
 
     def item(self, x: str, key: Hashable) -> str:
         """``x[key]``; for a tuple the plan built itself, the element's variable (no lookup at run time)."""
@@ -301,7 +304,7 @@ class Emitter:
         args = [f"i{j}" for j in range(len(op.in_paths))]
         lines = [f"def rec{o}({', '.join(args)}):"]
         body = self._record_lines(o, args, "first", "d")
-        body.append(f"return {value_expr(op.spec.out_type, 'first')}")
+        body.append(f"return {value_expr(op.spec.out_type, 'first', ids=op.out_leaves)}")
         caller = [f"def call{o}(x):"]
         if op.check_inputs is not None:
             # The walk checks each call; the plan leaves it to ``schedule``, which checks all at once.

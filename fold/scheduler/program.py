@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from fold.blocks.base import Block
 from fold.blocks.host import DEFAULT_LIMITS, ExampleLimits, OpBlock, Step
 from fold.blocks.layers import Layer
-from fold.blocks.tensors import OpSpec
+from fold.blocks.tensors import OpFn, OpSpec
 from fold.blocks.types import TensorType, Type
 
 __all__ = ["Program", "CompiledOp", "ExampleLimits", "DEFAULT_LIMITS", "Slot"]
@@ -42,6 +42,11 @@ class CompiledOp:
       spec: what the operation computes and its types.
       in_tidx, out_tidx: arena (type) index of each input and output.
       in_slots, out_slots: ``(type, k)`` of each input and output (``Slot``).
+      fn: ``spec.fn`` returning each distinct output once: the outputs above,
+        ``out_tidx`` and ``out_slots`` (``fold/compiler/outputs.py``).
+      out_leaves: per output of ``spec`` (``spec.out_types``), the index of
+        its value among ``fn``'s outputs: where two are one value they share
+        an arena slot, so readers of either read one row.
       in_paths: index path of each tensor input in the host value it takes.
       check_inputs: the layer's check of constant inputs, where the layer
         reads the operation's own inputs and overrides the check; else None.
@@ -52,8 +57,15 @@ class CompiledOp:
     out_tidx: tuple[int, ...]
     in_slots: tuple[Slot, ...]
     out_slots: tuple[Slot, ...]
+    fn: OpFn
+    out_leaves: tuple[int, ...]
     in_paths: tuple[tuple[int, ...], ...]
     check_inputs: Callable[..., None] | None
+
+    @property
+    def out_types(self) -> tuple[TensorType, ...]:
+        """The types of ``fn``'s outputs."""
+        return tuple(self.spec.out_types[self.out_leaves.index(d)] for d in range(len(self.out_tidx)))
 
     @property
     def layer(self) -> Layer | None:
