@@ -1,0 +1,176 @@
+"""What one operation of a ``while_loop`` iteration costs on this backend, and how many fold's run.
+
+A fold loop item is a few rows of work, so what it costs is mostly how many operations (XLA's
+compiled kernels) its iteration runs, not their arithmetic. XLA's CPU runtime runs a loop body,
+and each ``switch`` branch, as a sequence of kernels; a body of more than 8 kernels that do not
+form one chain runs as a dataflow graph whose ready kernels are handed between threads. Two
+measurements:
+
+- **Loops of known bodies**: a ``while_loop`` whose body is a ``[rows, W] @ [W, W]`` matmul and
+  a ``tanh``, then ``k`` writes of the result into an arena: into ``k`` different arenas
+  (independent kernels) or ``k`` times into one (each write after the one before). Microseconds
+  per iteration, best of ``--repeats`` calls of a 1000-iteration loop.
+- **fold's items**: the kernels of the forward and backward loops of a training step, read from
+  its compiled HLO: per loop, the operations around the ``switch`` and those of its branches.
+  Models: the BiLSTM tagger with character LSTMs (batch 16, the DyNet suite's sizes) and the SST
+  Tree-LSTM (batch 64, H 150).
+
+Run: ``python -m benchmarks.loop_ops --data-dir DIR`` (``--quick``: the committed sample).
+Writes ``benchmarks/results/loop_ops.json`` and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import random
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+import fold as fd
+from benchmarks import models
+from benchmarks.common import add_run_flags, figure, make_train_step, save_results
+from examples import sst, tagger
+from examples.common import COUNT, print_table
+
+ITERATIONS = 1000
+# Kinds of HLO instruction that run no kernel of their own.
+_FREE = {"get-tuple-element", "tuple", "parameter", "constant", "bitcast"}
+
+
+def loop_us(writes: int, chained: bool, rows: int, width: int, repeats: int) -> float:
+    """Microseconds per iteration of the loop of known body (module docstring)."""
+    arena_rows = 4096
+
+    def run(x: jax.Array, w: jax.Array, arenas: list[jax.Array]) -> Any:
+        def body(state: tuple) -> tuple:
+            i, x, arenas = state
+            y = jnp.tanh(x @ w)
+            start = (i * rows) % arena_rows
+            if chained:
+                a = arenas[0]
+                for j in range(writes):
+                    a = lax.dynamic_update_slice(a, y * (j + 1), ((start + j * rows) % arena_rows, 0))
+                arenas = [a]
+            else:
+                arenas = [lax.dynamic_update_slice(a, y * (j + 1), (start, 0)) for j, a in enumerate(arenas)]
+            return i + 1, y, arenas
+
+        return lax.while_loop(lambda s: s[0] < ITERATIONS, body, (0, x, arenas))[1:]
+
+    x = jnp.ones((rows, width)) / width
+    w = jnp.eye(width)
+    arenas = [jnp.zeros((arena_rows, width)) for _ in range(1 if chained else writes)]
+    compiled = jax.jit(run).lower(x, w, arenas).compile()
+    jax.block_until_ready(compiled(x, w, arenas))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(x, w, arenas))
+        best = min(best, time.perf_counter() - start)
+    return best / ITERATIONS * 1e6
+
+
+def loop_kernels(hlo_text: str) -> list[dict[str, Any]]:
+    """Per ``while`` body of ``hlo_text`` (a compiled module's text) that holds a ``conditional``:
+    its kernels (the conditional counted as one) and the fewest and most of its branches'."""
+    computations: dict[str, list[str]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        m = re.match(r"^(?:ENTRY )?%(\S+) ", line)
+        if m and line.rstrip().endswith("{"):
+            current = m.group(1)
+            computations[current] = []
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            computations[current].append(line.strip())
+
+    def kernels(name: str) -> int:
+        kinds = collections.Counter(m.group(1) for line in computations[name]
+                                    if (m := re.match(r"(?:ROOT )?%\S+ = .*? ([a-z\-]+)\(", line)))
+        return sum(n for kind, n in kinds.items() if kind not in _FREE)
+
+    # The backward pass's loops run under ``transpose`` in their JAX names.
+    bodies = {m.group(1): "backward" if "transpose(" in line else "forward"
+              for text in computations.values() for line in text
+              if " while(" in line and (m := re.search(r"body=%([\w.\-]+)", line))}
+    loops = []
+    for body, phase in sorted(bodies.items(), key=lambda kv: kv[1] == "backward"):
+        switch = next((line for line in computations[body] if " conditional(" in line), None)
+        if switch is None:
+            continue
+        names = re.search(r"branch_computations=\{([^}]*)\}", switch)
+        assert names is not None  # a conditional names its branches
+        branches = [kernels(b.strip().lstrip("%")) for b in names.group(1).split(",")]
+        loops.append({"phase": phase, "body": kernels(body), "branches": [min(branches), max(branches)]})
+    return loops
+
+
+def fold_items(model: str, data_dir: str | None, quick: bool) -> dict[str, Any]:
+    """Kernels per loop iteration of ``model``'s training step (forward loop first)."""
+    trees = sst.load("train", sst.data_dir(data_dir, quick))
+    random.Random(0).shuffle(trees)
+    if model == "tagger":
+        examples, batch_size = tagger.examples_of(trees), 16
+        compiler = fd.Compiler.create(models.tagger_model(examples))
+    else:
+        examples, batch_size = trees, 64
+        compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), 150))
+    optimizer = optax.sgd(0.01)
+    step = make_train_step(compiler, optimizer)
+    params = compiler.init(jax.random.key(0))
+    batch = next(iter(compiler.batches(examples[:batch_size * 16], batch_size)))
+    text = step.lower(params, optimizer.init(params), batch, None).compile().as_text()
+    loops = loop_kernels(text)
+    return {"model": model, "batch_size": batch_size, "loop_items": int(batch.arrays.n_items), "loops": loops}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--writes", type=COUNT, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--rows", type=COUNT, default=16, help="rows of the known bodies' matmul")
+    p.add_argument("--width", type=COUNT, default=64, help="its width")
+    p.add_argument("--repeats", type=COUNT, default=10, help="calls timed per loop (the best counts)")
+    add_run_flags(p, "loop_ops", "writes 1 and 4, 2 calls per loop, the sample's tagger and SST")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.writes, args.repeats = [1, 4], 2
+    known = [{"writes": k, "chained": chained, "us": loop_us(k, chained, args.rows, args.width, args.repeats)}
+             for k in args.writes for chained in (False, True)]
+    print_table(f"us per iteration: [{args.rows}, {args.width}] matmul and tanh, then k writes",
+                ["k", "into k arenas", "k times into one"],
+                [[k, *(f"{r['us']:.2f}" for r in known if r["writes"] == k)] for k in args.writes])
+    items = [fold_items(model, args.data_dir, args.quick) for model in ("tagger", "sst")]
+    print_table("kernels per loop iteration of a training step (around the switch + its branch)",
+                ["model", "batch", "loop items", "forward", "backward"],
+                [[r["model"], r["batch_size"], r["loop_items"],
+                  *(" ".join(f"{lp['body']} + {lp['branches'][0]}-{lp['branches'][1]}" for lp in r["loops"]
+                             if lp["phase"] == phase) for phase in ("forward", "backward"))]
+                 for r in items])
+    result = {"iterations": ITERATIONS, "rows": args.rows, "width": args.width, "repeats": args.repeats,
+              "known_bodies": known, "fold_items": items}
+
+    def plot(path: pathlib.Path) -> None:
+        with figure(path) as ax:
+            for chained, label in ((False, "writes into k arenas"), (True, "k writes into one arena")):
+                mine = [r for r in known if r["chained"] == chained]
+                ax.plot([r["writes"] for r in mine], [r["us"] for r in mine], marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("writes per iteration (k)")
+            ax.set_ylabel("us per iteration")
+            ax.legend(fontsize=7)
+
+    save_results("loop_ops", result, args, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""``benchmarks.loop_ops`` times loops of known bodies and counts the kernels of fold's loops."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from jax import lax
+
+import fold as fd
+from benchmarks import loop_ops
+from benchmarks.common import make_train_step
+
+
+def test_kernels_are_counted_per_loop_and_branch():
+    def f(x):
+        def body(state):
+            i, x = state
+            y = lax.switch(i % 2, [lambda x: jnp.tanh(x) @ x, lambda x: x * 2.0], x)
+            return i + 1, y
+
+        return lax.while_loop(lambda s: s[0] < 3, body, (0, x))[1]
+
+    text = jax.jit(f).lower(jnp.ones((4, 4))).compile().as_text()
+    [loop] = loop_ops.loop_kernels(text)
+    assert loop["phase"] == "forward"
+    low, high = loop["branches"]
+    assert 1 <= low <= high and high >= 2  # the matmul branch runs a tanh and a matmul
+    assert loop["body"] >= 2  # the switch and the counter's increment
+
+
+def test_a_training_step_has_a_forward_and_a_backward_loop():
+    last = fd.Map(fd.Vector(3)) >> fd.Fold(fd.Concat() >> fd.FC(3, name="cell"), fd.Zeros(3))
+    model = last >> fd.Function(lambda h: jnp.sum(h, axis=-1)) >> fd.Metric("loss")
+    compiler = fd.Compiler.create(model)
+    optimizer = optax.sgd(0.1)
+    step = make_train_step(compiler, optimizer)
+    params = compiler.init(jax.random.key(0))
+    batch = compiler.build_batch([[[1.0, 2.0, 3.0]] * 5, [[0.5, 0.5, 0.5]] * 3])
+    loops = loop_ops.loop_kernels(step.lower(params, optimizer.init(params), batch, None).compile().as_text())
+    assert [lp["phase"] for lp in loops] == ["forward", "backward"]
+    assert all(lp["body"] > 0 and lp["branches"][0] > 0 for lp in loops)
+
+
+def test_known_bodies_take_time():
+    assert loop_ops.loop_us(2, chained=True, rows=4, width=8, repeats=1) > 0
+    assert loop_ops.loop_us(2, chained=False, rows=4, width=8, repeats=1) > 0
+
+
+@pytest.mark.slow
+def test_quick_run_writes_both_tables(tmp_path):
+    result = loop_ops.main(["--quick", "--json", str(tmp_path / "l.json")])
+    assert [(r["writes"], r["chained"]) for r in result["known_bodies"]] == [(1, False), (1, True), (4, False),
+                                                                           (4, True)]
+    assert [r["model"] for r in result["fold_items"]] == ["tagger", "sst"]
+    for r in result["fold_items"]:
+        assert [lp["phase"] for lp in r["loops"]] == ["forward", "backward"]
+    assert (tmp_path / "l.json").exists() and (tmp_path / "l.png").exists()
