@@ -49,13 +49,24 @@ def output_leaves(spec: OpSpec) -> tuple[int, ...]:
             params = jax.eval_shape(lambda k: layer.init(k, in_type), jax.random.key(0))
         # Two rows: a size no model special-cases (one row may be squeezed).
         xs = [jax.ShapeDtypeStruct((2, *t.shape), t.dtype) for t in spec.in_types]
-        outs = [jax.make_jaxpr(lambda p, rng, *xs: spec.fn(p, rng, *xs))(params, rng, *xs).jaxpr.outvars
-                for rng in (None, jax.random.key(0))]
+
+        def outputs(rng: jax.Array | None) -> list[object]:
+            return list(jax.make_jaxpr(lambda p, rng, *xs: spec.fn(p, rng, *xs))(params, rng, *xs).jaxpr.outvars)
+
+        outs = [outputs(None)]
+        if len(set(_numbered(outs))) < n:  # only then can a draw tell two apart
+            outs.append(outputs(jax.random.key(0)))
     except Exception:  # any failure keeps the outputs apart; running the operation reports it
         return tuple(range(n))
+    return _numbered(outs)
+
+
+def _numbered(outs: list[list[object]]) -> tuple[int, ...]:
+    """Per output, the number of its value: outputs that are one traced value in every trace of
+    ``outs`` share one, numbered in order of first appearance."""
     ids: list[int] = []
     firsts: list[int] = []
-    for j in range(n):
+    for j in range(len(outs[0])):
         same = next((i for i in firsts if all(_same(o[i], o[j]) for o in outs)), None)
         if same is None:
             firsts.append(j)
