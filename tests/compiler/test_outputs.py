@@ -98,3 +98,24 @@ def test_readers_of_either_copy_get_values_and_gradients_as_unshared():
         np.testing.assert_allclose(value, ref_value, rtol=1e-10)
         for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_an_input_returned_twice_is_one_row_read_by_both_readers():
+    model = (fd.Vector(3) >> fd.FC(3, name="fc") >> fd.Function(lambda x: (x, x))
+             >> fd.Record((fd.Function(jnp.sin), fd.Function(jnp.cos))) >> fd.Concat())
+    compiler = fd.Compiler.create(model)
+    # The FC and the lambda are one fused operation, whose two outputs are one value.
+    assert [op.out_leaves for op in compiler.program.ops if op.layer is not None] == [(0, 0)]
+    params = compiler.init(jax.random.key(0))
+    xs = np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32)
+    batch = compiler.build_batch(list(xs))
+
+    def reference(p):
+        h = jnp.asarray(xs) @ p["fc"]["w"] + p["fc"]["b"]
+        return jnp.concatenate([jnp.sin(h), jnp.cos(h)], axis=-1)
+
+    np.testing.assert_allclose(compiler.apply(params, batch).outputs, reference(params), rtol=1e-6)
+    grads = jax.grad(lambda p: jnp.sum(compiler.apply(p, batch).outputs ** 2))(params)
+    ref_grads = jax.grad(lambda p: jnp.sum(reference(p) ** 2))(params)
+    for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
