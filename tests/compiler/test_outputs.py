@@ -101,7 +101,7 @@ def test_readers_of_either_copy_get_values_and_gradients_as_unshared():
 
 
 def test_an_input_returned_twice_is_one_row_read_by_both_readers():
-    model = (fd.Vector(3) >> fd.FC(3, name="fc") >> fd.Function(lambda x: (x, x))
+    model = (fd.Vector(3) >> fd.FC(3, activation=None, name="fc") >> fd.Function(lambda x: (x, x))
              >> fd.Record((fd.Function(jnp.sin), fd.Function(jnp.cos))) >> fd.Concat())
     compiler = fd.Compiler.create(model)
     # The FC and the lambda are one fused operation, whose two outputs are one value.
