@@ -30,7 +30,7 @@ from fold.blocks.types import (
     is_tensor_tree,
     tensor_types,
 )
-from fold.compiler.outputs import distinct_fn, output_leaves
+from fold.compiler.outputs import distinct_fn, first_outputs, output_leaves
 from fold.scheduler.fusion import Fused, fuse_pipes
 from fold.scheduler.plan import leaf_paths
 from fold.scheduler.program import CompiledOp, Program, Slot
@@ -164,7 +164,7 @@ def _compiled_op(spec: OpSpec, type_index: Mapping[TensorType, int]) -> Compiled
     """``spec`` with its arena slots resolved against the program's types."""
     in_tidx = tuple(type_index[t] for t in spec.in_types)
     leaves = output_leaves(spec)
-    out_tidx = tuple(type_index[spec.out_types[leaves.index(d)]] for d in range(max(leaves, default=-1) + 1))
+    out_tidx = tuple(type_index[spec.out_types[k]] for k in first_outputs(leaves))
     layer = spec.layer
     # The check sees the operation's own inputs only where the layer reads them first.
     overridden = layer is not None and type(layer).check_constant_inputs is not Layer.check_constant_inputs

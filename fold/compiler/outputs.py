@@ -30,7 +30,7 @@ from jax.extend.core import Var
 
 from fold.blocks.tensors import OpFn, OpSpec
 
-__all__ = ["output_leaves", "distinct_fn"]
+__all__ = ["output_leaves", "first_outputs", "distinct_fn"]
 
 
 def output_leaves(spec: OpSpec) -> tuple[int, ...]:
@@ -76,9 +76,14 @@ def _numbered(outs: list[list[object]]) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def first_outputs(leaves: tuple[int, ...]) -> list[int]:
+    """Per distinct value (``leaves`` from ``output_leaves``), the first output that holds it."""
+    return [leaves.index(d) for d in range(max(leaves, default=-1) + 1)]
+
+
 def distinct_fn(fn: OpFn, leaves: tuple[int, ...]) -> OpFn:
     """``fn`` returning each distinct output once (``leaves`` from ``output_leaves``)."""
-    keep = [leaves.index(d) for d in range(max(leaves, default=-1) + 1)]
+    keep = first_outputs(leaves)
     if len(keep) == len(leaves):
         return fn
 
