@@ -14,6 +14,10 @@ measurements:
   its compiled HLO: per loop, the operations around the ``switch`` and those of its branches.
   Models: the BiLSTM tagger with character LSTMs (batch 16, the DyNet suite's sizes) and the SST
   Tree-LSTM (batch 64, H 150).
+- **Two layouts of one item**: a tagger-like forward loop (LSTM cells of 50 and 64 units and a
+  concatenation, taking turns, 16 rows an item) with an arena per type, as fold has them (five
+  chunk writes an item, zero chunks for the types an operation does not write), and with every
+  type in one 128-wide arena (one write). Microseconds per item and kernels per iteration.
 
 Run: ``python -m benchmarks.loop_ops --data-dir DIR`` (``--quick``: the committed sample).
 Writes ``benchmarks/results/loop_ops.json`` and a plot.
@@ -76,6 +80,86 @@ def loop_us(writes: int, chained: bool, rows: int, width: int, repeats: int) -> 
         jax.block_until_ready(compiled(x, w, arenas))
         best = min(best, time.perf_counter() - start)
     return best / ITERATIONS * 1e6
+
+
+def _lstm(w: jax.Array, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
+    i, f, g, o = jnp.split(jnp.concatenate([x, h], -1) @ w, 4, -1)
+    c = jax.nn.sigmoid(f + 1) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    return c, jax.nn.sigmoid(o) * jnp.tanh(c)
+
+
+def layout_items(repeats: int, rows: int = 16, items: int = 600) -> dict[str, Any]:
+    """Microseconds per item (best of ``repeats``) and kernels of the two layouts' loops
+    (module docstring): ``per_type`` and ``one_arena``."""
+    arena_rows, k = 8192, jax.random.key(0)
+    w_word, w_char = jax.random.normal(k, (128 + 50, 200)) * 0.05, jax.random.normal(k, (20 + 64, 256)) * 0.05
+    idx = jax.random.randint(k, (arena_rows, 3), 0, arena_rows // 2)
+    chars = jax.random.normal(k, (arena_rows, 20))
+    branch = jnp.arange(items) % 3
+
+    def per_type(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> Any:
+        def body(state: tuple) -> tuple:
+            i, a128, a64, a50 = state
+            r = lax.dynamic_slice_in_dim(idx, (i * rows) % (arena_rows // 2), rows)
+            z128, z64, z50 = jnp.zeros((1, rows, 128)), jnp.zeros((2, rows, 64)), jnp.zeros((2, rows, 50))
+
+            def word(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> tuple:
+                return z128, z64, jnp.stack(_lstm(w_word, a128[r[:, 0]], a50[r[:, 1]], a50[r[:, 2]]))
+
+            def char(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> tuple:
+                return z128, jnp.stack(_lstm(w_char, chars[r[:, 0]], a64[r[:, 1]], a64[r[:, 2]])), z50
+
+            def join(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> tuple:
+                return jnp.concatenate([a64[r[:, 0]], a64[r[:, 1]]], -1)[None], z64, z50
+
+            c128, c64, c50 = lax.switch(branch[i], [word, char, join], a128, a64, a50)
+            out = arena_rows // 2 + (i * 5 * rows) % (arena_rows // 2 - 5 * rows)
+            a128 = lax.dynamic_update_slice(a128, c128[0], (out, 0))
+            for j in range(2):
+                a64 = lax.dynamic_update_slice(a64, c64[j], (out + (1 + j) * rows, 0))
+                a50 = lax.dynamic_update_slice(a50, c50[j], (out + (3 + j) * rows, 0))
+            return i + 1, a128, a64, a50
+
+        return lax.while_loop(lambda s: s[0] < items, body, (0, a128, a64, a50))[1:]
+
+    def one_arena(a: jax.Array) -> Any:
+        def body(state: tuple) -> tuple:
+            i, a = state
+            r = lax.dynamic_slice_in_dim(idx, (i * rows) % (arena_rows // 2), rows)
+
+            def padded(*ys: jax.Array) -> jax.Array:
+                both = jnp.concatenate(ys)
+                return jnp.pad(both, ((0, 2 * rows - both.shape[0]), (0, 128 - both.shape[1])))
+
+            def word(a: jax.Array) -> jax.Array:
+                return padded(*_lstm(w_word, a[r[:, 0]], a[r[:, 1], :50], a[r[:, 2], :50]))
+
+            def char(a: jax.Array) -> jax.Array:
+                return padded(*_lstm(w_char, chars[r[:, 0]], a[r[:, 1], :64], a[r[:, 2], :64]))
+
+            def join(a: jax.Array) -> jax.Array:
+                return padded(jnp.concatenate([a[r[:, 0], :64], a[r[:, 1], :64]], -1))
+
+            chunk = lax.switch(branch[i], [word, char, join], a)
+            out = arena_rows // 2 + (i * 2 * rows) % (arena_rows // 2 - 2 * rows)
+            return i + 1, lax.dynamic_update_slice(a, chunk, (out, 0))
+
+        return lax.while_loop(lambda s: s[0] < items, body, (0, a))[1]
+
+    runs = {"per_type": (per_type, [jax.random.normal(k, (arena_rows, w)) for w in (128, 64, 50)]),
+            "one_arena": (one_arena, [jax.random.normal(k, (arena_rows, 128))])}
+    result = {}
+    for name, (fn, args) in runs.items():
+        compiled = jax.jit(fn).lower(*args).compile()
+        jax.block_until_ready(compiled(*args))
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            best = min(best, time.perf_counter() - start)
+        [loop] = loop_kernels(compiled.as_text())
+        result[name] = {"us_per_item": best / items * 1e6, "body": loop["body"], "branches": loop["branches"]}
+    return result
 
 
 def loop_kernels(hlo_text: str) -> list[dict[str, Any]]:
@@ -148,6 +232,11 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(f"us per iteration: [{args.rows}, {args.width}] matmul and tanh, then k writes",
                 ["k", "into k arenas", "k times into one"],
                 [[k, *(f"{r['us']:.2f}" for r in known if r["writes"] == k)] for k in args.writes])
+    layouts = layout_items(args.repeats)
+    print_table("a tagger-like forward item: arenas per type against one arena for all types",
+                ["layout", "us per item", "kernels"],
+                [[name, f"{r['us_per_item']:.1f}", f"{r['body']} + {r['branches'][0]}-{r['branches'][1]}"]
+                 for name, r in layouts.items()])
     items = [fold_items(model, args.data_dir, args.quick) for model in ("tagger", "sst")]
     print_table("kernels per loop iteration of a training step (around the switch + its branch)",
                 ["model", "batch", "loop items", "forward", "backward"],
@@ -156,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
                              if lp["phase"] == phase) for phase in ("forward", "backward"))]
                  for r in items])
     result = {"iterations": ITERATIONS, "rows": args.rows, "width": args.width, "repeats": args.repeats,
-              "known_bodies": known, "fold_items": items}
+              "known_bodies": known, "layouts": layouts, "fold_items": items}
 
     def plot(path: pathlib.Path) -> None:
         with figure(path) as ax:
