@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -39,6 +40,10 @@ def test_quick_run(tmp_path, backward):
         # Real rows fit in the allocated arenas; float rows are part of all rows.
         assert 0 < b["float_activation_bytes"] <= b["activation_bytes"] < b["arena_bytes"]
         assert b["temp_bytes"] > 0 and np.isclose(b["ratio"], b["temp_bytes"] / b["activation_bytes"])
+        # Liveness never needs more than the arenas allocated for every row.
+        assert 0 < b["ct_peak_bytes"] <= b["ct_arena_bytes"]
+        assert b["shared_peak_bytes"] <= b["arena_bytes"] + b["ct_peak_bytes"]
+        assert b["shared_floor"] <= b["shared_ratio"] <= b["ct_live_ratio"] <= b["ratio"]
     assert r["worst_ratio"] == max(b["ratio"] for b in r["batches"])
     assert json.loads(out.read_text())["goal"] == memory.GOAL
     assert out.with_suffix(".png").stat().st_size > 1000
@@ -64,3 +69,29 @@ def test_a_training_step_keeps_no_second_copy_of_tail_inputs():
     optimizer = optax.sgd(0.05)
     b = memory.measure(compiler, make_train_step(compiler, optimizer), params, optimizer.init(params), trees[:64])
     assert b["temp_bytes"] < 2.8 * b["float_arena_bytes"]
+
+
+def test_liveness_of_a_chain_counted_by_hand():
+    # One example [1, 2, 3]: constants x1..x3 and the initial state s0, then f1 = cell(s0, x1),
+    # f2 = cell(f1, x2), f3 = cell(f2, x3); the loss reads f3. Backward: f3, f2, f1.
+    model = (fd.Map(fd.Scalar()) >> fd.Fold(fd.Function(lambda s, x: jnp.tanh(s + x)), fd.FromTensor(np.float32(0)))
+             >> fd.Metric("loss") >> fd.Void())
+    compiler = fd.Compiler.create(model)
+    batch = compiler.build_batch([[1.0, 2.0, 3.0]])
+    stages = memory._backward_stages(compiler, batch)
+    assert [nodes.tolist() for _, nodes, _ in stages] == [[2], [1], [0]]
+    live = memory.liveness(compiler, batch)
+    # Cotangents: f3's from the loss to its stage, f2's from f3's stage to its own, f1's likewise;
+    # the constants' are never read. At most two at once, of 4 bytes each.
+    assert live["ct_peak_bytes"] == 2 * 4
+    # At the start all 7 values are live with f3's cotangent: 8 rows (then f3's value is dead).
+    assert live["shared_peak_bytes"] == 8 * 4
+    assert live["ct_arena_bytes"] == (batch.layout.arena_rows[0] + batch.layout.chunk) * 4
+
+
+def test_bounds_add_the_other_temporaries():
+    live = {"ct_arena_bytes": 40, "ct_peak_bytes": 10, "shared_peak_bytes": 60}
+    b = memory.bounds(live, temp=150, arena=50, activation=50)
+    assert b["other_bytes"] == 60
+    assert b["ct_live_ratio"] == (50 + 10 + 60) / 50 and b["shared_ratio"] == (60 + 60) / 50
+    assert b["shared_floor"] == 60 / 50
