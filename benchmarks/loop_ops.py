@@ -17,7 +17,10 @@ measurements:
 - **Two layouts of one item**: a tagger-like forward loop (LSTM cells of 50 and 64 units and a
   concatenation, taking turns, 16 rows an item) with an arena per type, as fold has them (five
   chunk writes an item, zero chunks for the types an operation does not write), and with every
-  type in one 128-wide arena (one write). Microseconds per item and kernels per iteration.
+  type in one 128-wide arena (one write), and with arenas per type written inside the
+  ``switch``'s branches, each branch its own outputs (no zero chunks; XLA's CPU backend copies
+  every arena a branch updates, each iteration). Microseconds per item and kernels per
+  iteration.
 
 Run: ``python -m benchmarks.loop_ops --data-dir DIR`` (``--quick``: the committed sample).
 Writes ``benchmarks/results/loop_ops.json`` and a plot.
@@ -90,7 +93,7 @@ def _lstm(w: jax.Array, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[jax.A
 
 def layout_items(repeats: int, rows: int = 16, items: int = 600) -> dict[str, Any]:
     """Microseconds per item (best of ``repeats``) and kernels of the two layouts' loops
-    (module docstring): ``per_type`` and ``one_arena``."""
+    (module docstring): ``per_type``, ``in_branch`` and ``one_arena``."""
     arena_rows, k = 8192, jax.random.key(0)
     w_word, w_char = jax.random.normal(k, (128 + 50, 200)) * 0.05, jax.random.normal(k, (20 + 64, 256)) * 0.05
     idx = jax.random.randint(k, (arena_rows, 3), 0, arena_rows // 2)
@@ -122,6 +125,30 @@ def layout_items(repeats: int, rows: int = 16, items: int = 600) -> dict[str, An
 
         return lax.while_loop(lambda s: s[0] < items, body, (0, a128, a64, a50))[1:]
 
+    def in_branch(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> Any:
+        def body(state: tuple) -> tuple:
+            i, a128, a64, a50 = state
+            r = lax.dynamic_slice_in_dim(idx, (i * rows) % (arena_rows // 2), rows)
+            out = arena_rows // 2 + (i * 5 * rows) % (arena_rows // 2 - 5 * rows)
+
+            def write(a: jax.Array, ys: tuple[jax.Array, ...], first: int) -> jax.Array:
+                for j, y in enumerate(ys):
+                    a = lax.dynamic_update_slice(a, y, (out + (first + j) * rows, 0))
+                return a
+
+            def word(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> tuple:
+                return a128, a64, write(a50, _lstm(w_word, a128[r[:, 0]], a50[r[:, 1]], a50[r[:, 2]]), 3)
+
+            def char(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> tuple:
+                return a128, write(a64, _lstm(w_char, chars[r[:, 0]], a64[r[:, 1]], a64[r[:, 2]]), 1), a50
+
+            def join(a128: jax.Array, a64: jax.Array, a50: jax.Array) -> tuple:
+                return write(a128, (jnp.concatenate([a64[r[:, 0]], a64[r[:, 1]]], -1),), 0), a64, a50
+
+            return i + 1, *lax.switch(branch[i], [word, char, join], a128, a64, a50)
+
+        return lax.while_loop(lambda s: s[0] < items, body, (0, a128, a64, a50))[1:]
+
     def one_arena(a: jax.Array) -> Any:
         def body(state: tuple) -> tuple:
             i, a = state
@@ -146,7 +173,8 @@ def layout_items(repeats: int, rows: int = 16, items: int = 600) -> dict[str, An
 
         return lax.while_loop(lambda s: s[0] < items, body, (0, a))[1]
 
-    runs = {"per_type": (per_type, [jax.random.normal(k, (arena_rows, w)) for w in (128, 64, 50)]),
+    typed = [jax.random.normal(k, (arena_rows, w)) for w in (128, 64, 50)]
+    runs = {"per_type": (per_type, typed), "in_branch": (in_branch, typed),
             "one_arena": (one_arena, [jax.random.normal(k, (arena_rows, 128))])}
     result = {}
     for name, (fn, args) in runs.items():
@@ -158,7 +186,8 @@ def layout_items(repeats: int, rows: int = 16, items: int = 600) -> dict[str, An
             jax.block_until_ready(compiled(*args))
             best = min(best, time.perf_counter() - start)
         [loop] = loop_kernels(compiled.as_text())
-        result[name] = {"us_per_item": best / items * 1e6, "body": loop["body"], "branches": loop["branches"]}
+        result[name] = {"us_per_item": best / items * 1e6, "body": loop["body"], "branches": loop["branches"],
+                        "copies": compiled.as_text().count(" copy(")}
     return result
 
 
@@ -233,9 +262,10 @@ def main(argv: list[str] | None = None) -> dict:
                 ["k", "into k arenas", "k times into one"],
                 [[k, *(f"{r['us']:.2f}" for r in known if r["writes"] == k)] for k in args.writes])
     layouts = layout_items(args.repeats)
-    print_table("a tagger-like forward item: arenas per type against one arena for all types",
-                ["layout", "us per item", "kernels"],
-                [[name, f"{r['us_per_item']:.1f}", f"{r['body']} + {r['branches'][0]}-{r['branches'][1]}"]
+    print_table("a tagger-like forward item: arenas per type, written after the switch or in its branches, "
+                "against one arena for all types",
+                ["layout", "us per item", "kernels", "copies"],
+                [[name, f"{r['us_per_item']:.1f}", f"{r['body']} + {r['branches'][0]}-{r['branches'][1]}", r["copies"]]
                  for name, r in layouts.items()])
     items = [fold_items(model, args.data_dir, args.quick) for model in ("tagger", "sst")]
     print_table("kernels per loop iteration of a training step (around the switch + its branch)",

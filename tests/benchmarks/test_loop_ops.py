@@ -43,10 +43,10 @@ def test_a_training_step_has_a_forward_and_a_backward_loop():
     assert all(lp["body"] > 0 and lp["branches"][0] > 0 for lp in loops)
 
 
-def test_both_layouts_run_and_are_counted():
+def test_the_layouts_run_and_are_counted():
     result = loop_ops.layout_items(repeats=1, rows=4, items=6)
-    assert set(result) == {"per_type", "one_arena"}
-    assert all(r["us_per_item"] > 0 and r["body"] > 0 for r in result.values())
+    assert set(result) == {"per_type", "in_branch", "one_arena"}
+    assert all(r["us_per_item"] > 0 and r["body"] > 0 and r["copies"] >= 0 for r in result.values())
     # Five chunk writes an item against one.
     assert result["per_type"]["body"] > result["one_arena"]["body"]
 
@@ -61,7 +61,7 @@ def test_quick_run_writes_both_tables(tmp_path):
     result = loop_ops.main(["--quick", "--json", str(tmp_path / "l.json")])
     assert [(r["writes"], r["chained"]) for r in result["known_bodies"]] == [(1, False), (1, True), (4, False),
                                                                            (4, True)]
-    assert set(result["layouts"]) == {"per_type", "one_arena"}
+    assert set(result["layouts"]) == {"per_type", "in_branch", "one_arena"}
     assert [r["model"] for r in result["fold_items"]] == ["tagger", "sst"]
     for r in result["fold_items"]:
         assert [lp["phase"] for lp in r["loops"]] == ["forward", "backward"]
