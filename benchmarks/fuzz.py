@@ -215,11 +215,9 @@ def _blocks(text: str) -> list[str]:
     return sorted(set(re.findall(r"[A-Z][A-Za-z]+", text)))
 
 
-def source_version() -> str | None:
-    """The git commit of the code a run tests, ``-modified`` appended when ``fold/`` or
-    ``benchmarks/`` (but its results) differ from it; None outside a git checkout. A long run done in parts records
-    one per part: a claim over many cases holds for the code each part ran."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+def _checkout_version(root: pathlib.Path) -> str | None:
+    """The git commit of the checkout at ``root``, ``-modified`` appended when its ``fold/`` or
+    ``benchmarks/`` (but its results) differ from it; None outside a git checkout."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True).stdout.strip()
@@ -230,6 +228,20 @@ def source_version() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit + ("-modified" if changed else "")
+
+
+def source_version() -> str | None:
+    """The git commit of the code a run tests, ``-modified`` appended when ``fold/`` or
+    ``benchmarks/`` (but its results) differ from it; None outside a git checkout. Where the
+    ``fold`` package the cases import is another checkout's than this file's (an editable install
+    of another working tree), the version is that checkout's, then ``+benchmarks`` and this
+    one's. A long run done in parts records one per part: a claim over many cases holds for the
+    code each part ran."""
+    here = pathlib.Path(__file__).resolve().parents[1]
+    there = pathlib.Path(fd.__file__).resolve().parents[1]
+    if there == here:
+        return _checkout_version(here)
+    return f"{_checkout_version(there)}+benchmarks {_checkout_version(here)}"
 
 
 def _load(path: pathlib.Path) -> dict:
@@ -300,6 +312,10 @@ def main() -> None:
     part = {"first_seed": first + earlier, "code": source_version()}
 
     def save() -> None:
+        # Each case's worker imports the code afresh: an edit or checkout during the part is on record.
+        if (now := source_version()) != part["code"] and part.get("code_changed") != now:
+            progress.write(f"the code changed during this part: {part['code']} -> {now}")
+            part["code_changed"] = now
         seconds = state["seconds"] + time.perf_counter() - start
         result = {
             "first_seed": first, "cases_run": done, "cases_asked": args.cases, "failures": len(failures),
@@ -310,8 +326,11 @@ def main() -> None:
             "block_counts": dict(sorted(blocks.items())), "mode_counts": dict(sorted(modes.items())),
             "failed_cases": failures, "fixed_cases": fixed,
             # parts: the run's parts, each with the code it tested (source_version) and its grammar.
+            # A part whose code changed while it ran has ``code_changed``: the last code seen.
             "parts": state["parts"] + [{"first_seed": part["first_seed"], "cases": done - earlier,
-                                        "code": part["code"], "grammar": grammar}], "machine": machine(),
+                                        "code": part["code"], "grammar": grammar,
+                                        **({"code_changed": part["code_changed"]} if "code_changed" in part
+                                           else {})}], "machine": machine(),
         }
         path.write_text(json.dumps(result, indent=2) + "\n")
 

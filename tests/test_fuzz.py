@@ -146,6 +146,32 @@ def test_a_long_run_continues_from_its_results_file(tmp_path, monkeypatch, capsy
         fuzz.main()
 
 
+def test_the_version_names_the_checkout_the_cases_import_fold_from(tmp_path, monkeypatch):
+    from benchmarks import fuzz
+
+    mine = fuzz.source_version()
+    # fold imported from elsewhere (an editable install of another tree; here, no checkout at all).
+    (tmp_path / "fold").mkdir()
+    monkeypatch.setattr(fuzz.fd, "__file__", str(tmp_path / "fold" / "__init__.py"))
+    assert fuzz.source_version() == f"None+benchmarks {mine}"
+
+
+@pytest.mark.slow  # 20 s: one case in a worker process
+def test_a_part_whose_code_changes_while_it_runs_says_so(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from benchmarks import fuzz
+
+    versions = iter(["a" * 40, "b" * 40])
+    monkeypatch.setattr(fuzz, "source_version", lambda: next(versions, "b" * 40))
+    path = tmp_path / "fuzz.json"
+    monkeypatch.setattr(sys, "argv", ["fuzz", "--first-seed", "3", "--cases", "1", "--json", str(path)])
+    fuzz.main()
+    [part] = json.loads(path.read_text())["parts"]
+    assert (part["code"], part["code_changed"]) == ("a" * 40, "b" * 40)
+
+
 def test_an_error_in_a_case_is_a_recorded_finding(monkeypatch):
     from benchmarks import fuzz
 
