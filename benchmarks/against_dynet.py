@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 import fold as fd
@@ -62,8 +64,12 @@ def batches_of(examples: Sequence[Any], batch_size: int) -> Iterator[Sequence[An
 def fold_steps(compiler: fd.Compiler, params: Any, optimizer: optax.GradientTransformation,
                examples: Sequence[Any], batch_size: int) -> Steps:
     """fold as a peer: each ``next`` runs one jitted ``optimizer`` step on the summed ``loss`` metric
-    of the next batch of ``compiler.batches`` (built ahead on a thread) and reads the loss."""
-    step, opt_state = make_train_step(compiler, optimizer, total=True), optimizer.init(params)
+    of the next batch of ``compiler.batches`` (built ahead on a thread) and reads the loss. The
+    step updates the parameters and the optimizer's state in place, as DyNet's trainers do (a
+    copy of ``params``, which the caller keeps)."""
+    step = make_train_step(compiler, optimizer, total=True, donate=True)
+    params = jax.tree_util.tree_map(jnp.copy, params)
+    opt_state = optimizer.init(params)
     while True:
         # DyNet's loops drop the last, partial batch too: it would compile once more inside the timing.
         for batch in compiler.batches(examples, batch_size, drop_remainder=True):

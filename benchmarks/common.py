@@ -24,13 +24,14 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformation,
-                    metric: str = "loss", total: bool = False) -> Callable:
+                    metric: str = "loss", total: bool = False, donate: bool = False) -> Callable:
     """A jitted optimizer step on the mean of ``metric`` over a batch (its sum with ``total``, as
     DyNet's scripts train): ``step(params, opt_state, batch, key) -> (params, opt_state, loss)``,
     ``key`` switching stochastic layers on. The step ``fd.Trainer`` runs, bare, so that
-    benchmarks time exactly the device work."""
+    benchmarks time exactly the device work. With ``donate`` the step updates ``params`` and
+    ``opt_state`` in place (``donate_argnums``), as a loop that threads them through its steps
+    may, and the arrays passed in are deleted."""
 
-    @jax.jit
     def train_step(params, opt_state, batch, key):
         def loss_fn(p):
             values = compiler.apply(p, batch, key).metrics[metric]
@@ -40,7 +41,7 @@ def make_train_step(compiler: fd.Compiler, optimizer: optax.GradientTransformati
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return train_step
+    return jax.jit(train_step, donate_argnums=(0, 1) if donate else ())
 
 
 def machine() -> dict[str, Any]:
