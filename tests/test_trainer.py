@@ -224,6 +224,57 @@ def test_tensorboard_scalars(tmp_path):
     assert dev == [(r["step"], pytest.approx(r["dev_loss"], rel=1e-6)) for r in run.history]
 
 
+def test_without_evaluations_the_best_parameters_are_the_last():
+    # They were the parameters the run started from.
+    run = trainer().fit(data(), epochs=2)
+    assert run.best is None and leaves_equal(run.best_params, run.params)
+    assert not leaves_equal(run.best_params, trainer().init().params)
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_donating_steps_train_the_same_run_and_leave_the_callers_arrays(tmp_path, interrupt):
+    calls, interrupting = [], []
+
+    def scores(params):
+        calls.append(1)
+        if interrupting and len(calls) == 2:
+            raise KeyboardInterrupt
+        return {"calls": float(len(calls))}
+
+    dev = data(8, 1)
+    theirs = trainer(optax.adam(0.05), dropout=0.3)
+    start = theirs.init().params
+    # The first evaluation stays the best: its parameters must outlive the steps after it.
+    kwargs = {"epochs": 3, "dev": dev, "eval_every": 3, "scores": scores, "monitor": "calls", "mode": "min"}
+    plain = theirs.fit(data(), params=start, **kwargs)
+    calls.clear()
+    interrupting.extend([True] if interrupt else [])
+    mine = fd.Trainer(theirs.compiler, optax.adam(0.05), batch_size=BATCH, progress=False, donate=True)
+    donated = mine.fit(data(), params=start, checkpoint_dir=tmp_path, **kwargs)
+    if interrupt:  # at step 6: the saved state resumes to the same end
+        assert donated.stopped == "interrupted" and int(donated.state.step) == 6
+        donated = mine.fit(data(), params=start, checkpoint_dir=tmp_path, resume=True, **kwargs)
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(start))
+    assert leaves_equal(donated.params, plain.params)
+    assert leaves_equal(donated.state.opt_state, plain.state.opt_state)
+    # The best parameters were copied, not deleted by the steps after them.
+    assert donated.best["step"] == plain.best["step"] == 3
+    assert leaves_equal(donated.best_params, plain.best_params)
+    assert [r["dev_loss"] for r in donated.history] == [r["dev_loss"] for r in plain.history]
+
+
+def test_a_diverging_donating_run_stops_with_the_state_it_diverged_to(caplog):
+    bad = 13
+    step = first_step_with(bad)
+    with caplog.at_level("WARNING", logger="fold"):
+        run = trainer(donate=True).fit(with_nan_at(bad), epochs=3)
+    # The next step ran before the loss was read, on the state in place.
+    assert run.stopped == "diverged" and int(run.state.step) == step + 1
+    assert not all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(run.params))
+    (message,) = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    assert f"training diverged at step {step}: its loss is nan" in message and "donate=True" in message
+
+
 def test_bad_arguments_are_refused():
     compiler = fd.Compiler.create(regression())
     with pytest.raises(ValueError, match="loss='cost' names no metric of the model \\(its metrics: abs_error, loss"):
@@ -236,6 +287,8 @@ def test_bad_arguments_are_refused():
         fd.Trainer(compiler, optax.sgd(0.1), eval_batch_size=2.5)
     with pytest.raises(TypeError, match="Trainer takes an optax optimizer .* got 'adam'"):
         fd.Trainer(compiler, "adam")  # was accepted, then an AttributeError in fit
+    with pytest.raises(TypeError, match="donate must be True or False, got 'yes'"):
+        fd.Trainer(compiler, optax.sgd(0.1), donate="yes")
     t = fd.Trainer(compiler, optax.sgd(0.1), batch_size=BATCH, progress=False)
     with pytest.raises(ValueError, match="resume=True needs the checkpoint_dir"):
         t.fit(data(), epochs=1, resume=True)
