@@ -44,6 +44,8 @@ def test_quick_run(tmp_path, backward):
         assert 0 < b["ct_peak_bytes"] <= b["ct_arena_bytes"]
         assert b["shared_peak_bytes"] <= b["arena_bytes"] + b["ct_peak_bytes"]
         assert b["shared_floor"] <= b["shared_ratio"] <= b["ct_live_ratio"] <= b["ratio"]
+        # Deferring the readout's backward to its cells' stages lowers the peak to the activations.
+        assert b["deferred_peak_bytes"] < b["shared_peak_bytes"] and b["deferred_ratio"] < b["shared_ratio"]
     assert r["worst_ratio"] == max(b["ratio"] for b in r["batches"])
     assert json.loads(out.read_text())["goal"] == memory.GOAL
     assert out.with_suffix(".png").stat().st_size > 1000
@@ -86,12 +88,14 @@ def test_liveness_of_a_chain_counted_by_hand():
     assert live["ct_peak_bytes"] == 2 * 4
     # At the start all 7 values are live with f3's cotangent: 8 rows (then f3's value is dead).
     assert live["shared_peak_bytes"] == 8 * 4
+    # The three cells are tail groups here, of constants: deferred to the start, all 10 at once.
+    assert live["deferred_peak_bytes"] == 10 * 4
     assert live["ct_arena_bytes"] == (batch.layout.arena_rows[0] + batch.layout.chunk) * 4
 
 
 def test_bounds_add_the_other_temporaries():
-    live = {"ct_arena_bytes": 40, "ct_peak_bytes": 10, "shared_peak_bytes": 60}
+    live = {"ct_arena_bytes": 40, "ct_peak_bytes": 10, "shared_peak_bytes": 60, "deferred_peak_bytes": 50}
     b = memory.bounds(live, temp=150, arena=50, activation=50)
     assert b["other_bytes"] == 60
     assert b["ct_live_ratio"] == (50 + 10 + 60) / 50 and b["shared_ratio"] == (60 + 60) / 50
-    assert b["shared_floor"] == 60 / 50
+    assert b["shared_floor"] == 60 / 50 and b["deferred_ratio"] == (50 + 60) / 50
