@@ -7,6 +7,7 @@ import gc
 import itertools
 import multiprocessing
 import os
+import pathlib
 import pickle
 import signal
 import subprocess
@@ -490,7 +491,10 @@ def test_a_stream_left_open_at_exit_stops_its_workers_quietly(tmp_path):
         "stream = compiler.batches([[1.0]] * 400, 4, num_workers=2)\n"
         "next(stream)\n"
         "print('read one batch')\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    # The checkout under test, as the tests import it (not whatever fold the interpreter has installed).
+    root = pathlib.Path(fd.__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
     assert "read one batch" in done.stdout
     assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
