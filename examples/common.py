@@ -69,7 +69,7 @@ def add_reserve_flag(p: argparse.ArgumentParser) -> None:
 def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, batch_size: int,
                        learning_rate: float, learning_rate_help: str | None = None) -> None:
     """The flags every example shares: schedule, seed, --quick, --json, --quiet, workers, checkpoints,
-    reserved cores."""
+    in-place updates, reserved cores."""
     p.add_argument("--epochs", type=COUNT, default=epochs, help="passes over the training set")
     p.add_argument("--batch-size", type=COUNT, default=batch_size, help="examples per batch")
     p.add_argument("--learning-rate", type=RATE, default=learning_rate,
@@ -86,6 +86,9 @@ def add_training_flags(p: argparse.ArgumentParser, name: str, *, epochs: int, ba
     p.add_argument("--resume", action="store_true",
                    help="continue the run saved in the checkpoint dir (without it, a run replaces the one saved there)")
     p.add_argument("--log-dir", default=None, help="write TensorBoard scalars there (needs tensorboardX)")
+    p.add_argument("--donate", action="store_true",
+                   help="update the parameters and the optimizer's state in place (fd.Trainer(donate=True)): "
+                        "faster for large embedding tables, but a diverging run stops without going back a step")
     add_reserve_flag(p)
 
 
@@ -93,7 +96,7 @@ def trainer(compiler: fd.Compiler, optimizer: optax.GradientTransformation, args
             **kwargs: Any) -> fd.Trainer:
     """The ``fd.Trainer`` the flags of ``add_training_flags`` describe."""
     return fd.Trainer(compiler, optimizer, batch_size=args.batch_size, seed=args.seed, num_workers=args.workers,
-                      progress=not args.quiet, **kwargs)
+                      progress=not args.quiet, donate=args.donate, **kwargs)
 
 
 def fit(trainer: fd.Trainer, train: list, args: argparse.Namespace, name: str, **kwargs: Any) -> fd.FitResult:

@@ -31,3 +31,11 @@ def test_quick_run_learns(tmp_path):
     # Shallow expressions beat the constant baseline after a few epochs.
     assert rows[0]["abs_error"] < rows[0]["baseline_abs_error"]
     assert json.loads(out.read_text())["example"] == "calculator"
+
+
+def test_donate_trains_the_same_run(tmp_path):
+    args = ["--quick", "--quiet", "--epochs", "2", "--checkpoint-dir", str(tmp_path)]
+    plain = calculator.main([*args, "--json", str(tmp_path / "plain.json")])
+    donated = calculator.main([*args, "--donate", "--json", str(tmp_path / "donated.json")])
+    assert [r["train_loss"] for r in donated["history"]] == [r["train_loss"] for r in plain["history"]]
+    assert donated["by_depth"] == plain["by_depth"]
