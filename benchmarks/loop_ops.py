@@ -14,9 +14,9 @@ measurements:
   its compiled HLO: per loop, the operations around the ``switch`` and those of its branches.
   Models: the BiLSTM tagger with character LSTMs (batch 16, the DyNet suite's sizes) and the SST
   Tree-LSTM (batch 64, H 150).
-- **Two layouts of one item**: a tagger-like forward loop (LSTM cells of 50 and 64 units and a
+- **Layouts of one item**: a tagger-like forward loop (LSTM cells of 50 and 64 units and a
   concatenation, taking turns, 16 rows an item) with an arena per type, as fold has them (five
-  chunk writes an item, zero chunks for the types an operation does not write), and with every
+  chunk writes an item, zero chunks for the types an operation does not write), with every
   type in one 128-wide arena (one write), and with arenas per type written inside the
   ``switch``'s branches, each branch its own outputs (no zero chunks; XLA's CPU backend copies
   every arena a branch updates, each iteration). Microseconds per item and kernels per
@@ -92,7 +92,7 @@ def _lstm(w: jax.Array, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[jax.A
 
 
 def layout_items(repeats: int, rows: int = 16, items: int = 600) -> dict[str, Any]:
-    """Microseconds per item (best of ``repeats``) and kernels of the two layouts' loops
+    """Microseconds per item (best of ``repeats``), kernels and copies of the layouts' loops
     (module docstring): ``per_type``, ``in_branch`` and ``one_arena``."""
     arena_rows, k = 8192, jax.random.key(0)
     w_word, w_char = jax.random.normal(k, (128 + 50, 200)) * 0.05, jax.random.normal(k, (20 + 64, 256)) * 0.05
