@@ -460,15 +460,7 @@ class Trainer:
             run.stopped = "diverged"
             self._stop_diverged(run, diverged, train)
         except KeyboardInterrupt:
-            run.stopped = "interrupted"
-            if _deleted(run.state):
-                # Ctrl-C in the middle of a step that had taken the state to update in place.
-                logger.warning("training interrupted during step %d, whose state it updates in place "
-                               "(donate=True): the state is not saved", int(run.state.step) + 1)
-                raise
-            run.save()
-            where = f"; resume from {options.directory / LAST}" if options.directory is not None else ""
-            logger.warning("training interrupted at step %d%s", int(run.state.step), where)
+            _interrupted(run)
         finally:
             run.close()
         best = _best_record(run.history) if options.evaluates else None
@@ -821,6 +813,20 @@ def _check_settings(directory: pathlib.Path, saved: object, now: dict[str, objec
         raise ValueError(f"resume=True: the run in {directory} was trained with {', '.join(differ)}; resuming "
                          "with other settings would not continue it. Resume with its settings, or pass "
                          "overwrite=True to start a new run there")
+
+
+def _interrupted(run: _Run) -> None:
+    """Saves a run that Ctrl-C stopped and says where to resume it; re-raises the interrupt when it
+    came in the middle of a step that had taken the state to update in place (nothing to save)."""
+    run.stopped = "interrupted"
+    if _deleted(run.state):
+        logger.warning("training interrupted during step %d, whose state it updates in place (donate=True): the "
+                       "state is not saved", int(run.state.step) + 1)
+        raise  # called from the except block: re-raises the interrupt being handled
+    run.save()
+    directory = run.options.directory
+    where = f"; resume from {directory / LAST}" if directory is not None else ""
+    logger.warning("training interrupted at step %d%s", int(run.state.step), where)
 
 
 def _copy(tree: PyTree) -> PyTree:

@@ -263,6 +263,20 @@ def test_donating_steps_train_the_same_run_and_leave_the_callers_arrays(tmp_path
     assert [r["dev_loss"] for r in donated.history] == [r["dev_loss"] for r in plain.history]
 
 
+def test_an_interrupt_inside_a_donating_step_is_raised_and_saves_nothing(tmp_path, monkeypatch, caplog):
+    # As if Ctrl-C came after the step had taken the state and before it returned the new one.
+    import fold.trainer
+
+    def interrupt(params):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fold.trainer, "_deleted", lambda state: True)
+    with caplog.at_level("WARNING", logger="fold"), pytest.raises(KeyboardInterrupt):
+        trainer(donate=True).fit(data(), epochs=1, scores=interrupt, eval_every=2, checkpoint_dir=tmp_path)
+    assert not (tmp_path / "last.npz").exists()
+    assert any("the state is not saved" in r.getMessage() for r in caplog.records)
+
+
 def test_a_diverging_donating_run_stops_with_the_state_it_diverged_to(caplog):
     bad = 13
     step = first_step_with(bad)
