@@ -75,14 +75,18 @@ def loop_us(writes: int, chained: bool, rows: int, width: int, repeats: int) -> 
     x = jnp.ones((rows, width)) / width
     w = jnp.eye(width)
     arenas = [jnp.zeros((arena_rows, width)) for _ in range(1 if chained else writes)]
-    compiled = jax.jit(run).lower(x, w, arenas).compile()
-    jax.block_until_ready(compiled(x, w, arenas))
+    return _best_seconds(jax.jit(run).lower(x, w, arenas).compile(), [x, w, arenas], repeats) / ITERATIONS * 1e6
+
+
+def _best_seconds(compiled: Any, args: list[Any], repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``compiled`` on ``args``, after one untimed call."""
+    jax.block_until_ready(compiled(*args))
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(compiled(x, w, arenas))
+        jax.block_until_ready(compiled(*args))
         best = min(best, time.perf_counter() - start)
-    return best / ITERATIONS * 1e6
+    return best
 
 
 def _lstm(w: jax.Array, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -179,12 +183,7 @@ def layout_items(repeats: int, rows: int = 16, items: int = 600) -> dict[str, An
     result = {}
     for name, (fn, args) in runs.items():
         compiled = jax.jit(fn).lower(*args).compile()
-        jax.block_until_ready(compiled(*args))
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            best = min(best, time.perf_counter() - start)
+        best = _best_seconds(compiled, args, repeats)
         [loop] = loop_kernels(compiled.as_text())
         result[name] = {"us_per_item": best / items * 1e6, "body": loop["body"], "branches": loop["branches"],
                         "copies": compiled.as_text().count(" copy(")}

@@ -152,7 +152,8 @@ def _live_bytes(compiler: fd.Compiler, batch: Any, metric: str, stages: list[tup
     fwd_last = [np.full(r, -2, np.int64) for r in rows]  # the last stage reading the value (-2: none)
     m = arrays.metrics[metric]
     t_metric = program.type_index[program.metric_types[metric]]
-    ct_first[t_metric][m.rows[m.mask]] = np.minimum(made[t_metric][m.rows[m.mask]], -1 if not defer else n)
+    # The loss's cotangents arrive before the first stage, or, deferred, with the stage making them.
+    ct_first[t_metric][m.rows[m.mask]] = made[t_metric][m.rows[m.mask]] if defer else -1
     fwd_last[t_metric][m.rows[m.mask]] = -1
     for (o, nodes, outs), stage in zip(stages, at):
         op = program.ops[o]

@@ -248,6 +248,10 @@ class _Run:
         text = json.dumps(self.history, indent=1) + "\n"
         write_whole(directory / HISTORY, lambda f: f.write(text.encode()))
 
+    def keep(self, tree: PyTree) -> PyTree:
+        """``tree`` as the run keeps it past the next step: a copy when the steps update in place."""
+        return jax.tree_util.tree_map(jnp.copy, tree) if self.donate else tree
+
     def keep_if_best(self, record: Record) -> bool:
         """Keeps the current parameters if ``record``'s monitored score is the best so far (marking
         ``record["best"]``); True when ``patience`` evaluations in a row did not improve on it."""
@@ -261,7 +265,7 @@ class _Run:
         stop = False
         if math.isnan(state.best) or sign * score < sign * state.best:
             self.state = state._replace(best=score, stale=0)
-            self.best_params = _copy(state.params) if self.donate else state.params
+            self.best_params = self.keep(state.params)
             if options.directory is not None:
                 save_checkpoint(options.directory / BEST, state.params)
         else:
@@ -484,9 +488,9 @@ class Trainer:
             raise ValueError("fit got no dev examples: pass dev=None to train without evaluating")
         per_epoch = _steps_per_epoch(len(train), self.batch_size, options.drop_remainder)
         state = self.init(params)
-        if self.donate:  # the first step would delete the caller's arrays
-            state = state._replace(params=_copy(state.params), opt_state=_copy(state.opt_state))
         run = _Run(state, state.params, [], options, train, dev, per_epoch, _writer(log_dir), donate=self.donate)
+        # The first step would otherwise delete the caller's arrays.
+        run.state = state._replace(params=run.keep(state.params), opt_state=run.keep(state.opt_state))
         run.settings = {"batch_size": self.batch_size, "seed": self.seed, "train_examples": len(train),
                         "drop_remainder": options.drop_remainder,
                         "layers": dict(self.compiler.program.layer_seeds)}
@@ -600,7 +604,7 @@ class Trainer:
                                       stale=int(restored.stale))
         has_best = (directory / BEST).exists()
         run.best_params = (load_checkpoint(directory / BEST, run.state.params) if has_best
-                           else _copy(run.state.params) if self.donate else run.state.params)
+                           else run.keep(run.state.params))
         run.losses = [float(x) for x in saved.get("losses", [])]  # type: ignore[attr-defined]
         if "history" in saved:
             history = saved["history"]
@@ -827,11 +831,6 @@ def _interrupted(run: _Run) -> None:
     directory = run.options.directory
     where = f"; resume from {directory / LAST}" if directory is not None else ""
     logger.warning("training interrupted at step %d%s", int(run.state.step), where)
-
-
-def _copy(tree: PyTree) -> PyTree:
-    """``tree`` with its arrays copied (what a donating step must not delete)."""
-    return jax.tree_util.tree_map(jnp.copy, tree)
 
 
 def _deleted(state: TrainState) -> bool:
