@@ -67,6 +67,7 @@ from fold.cores import reserve_host_cores
 from fold.generation.generator import Generator
 from fold.generation.sequence import Generated, SequenceDecoder
 from fold.generation.tree import GeneratedTrees, TreeDecoder
+from fold.host_memory import keep_host_memory
 from fold.schedule_plot import plot_schedule, schedule_profile
 from fold.scheduler.batch import Batch, BatchLayout, BatchStats
 from fold.scheduler.records import RecordedExamples
@@ -85,6 +86,6 @@ __all__ = [
     "SequenceDecoder", "SequenceType", "SerializedMessageToTree", "ShardedBatch", "Shared", "Slice", "Softmax", "Sum",
     "Tensor", "TensorType", "TrainState", "Trainer", "TreeDecoder", "TupleType", "Type", "Vector", "Void", "VoidType",
     "Zeros",
-    "Zip", "ZipWith", "checkpoint_metadata", "convert_to_block", "convert_to_type", "load_checkpoint",
-    "plot_schedule", "reserve_host_cores", "save_checkpoint", "schedule_profile", "visualize",
+    "Zip", "ZipWith", "checkpoint_metadata", "convert_to_block", "convert_to_type", "keep_host_memory",
+    "load_checkpoint", "plot_schedule", "reserve_host_cores", "save_checkpoint", "schedule_profile", "visualize",
 ]

@@ -1,9 +1,9 @@
 """The package's shape: each layer imports only what lies below it, and no function runs long.
 
-Layers, bottom up: ``errors``, ``checkpoint``, ``typing`` and ``cores``; ``blocks``; ``scheduler``; ``compiler``;
-``trainer``, ``visualize`` and ``schedule_plot``; ``fold/__init__``. Every import counts, whether
-at load time, inside a function or under ``TYPE_CHECKING``. The one documented exception is
-``Block.eval`` (``fold/blocks/base.py``), which builds a ``Compiler`` for one example.
+Layers, bottom up: ``errors``, ``checkpoint``, ``typing``, ``cores`` and ``host_memory``; ``blocks``;
+``scheduler``; ``compiler``; ``trainer``, ``visualize`` and ``schedule_plot``; ``fold/__init__``. Every
+import counts, whether at load time, inside a function or under ``TYPE_CHECKING``. The one documented
+exception is ``Block.eval`` (``fold/blocks/base.py``), which builds a ``Compiler`` for one example.
 """
 
 import ast
@@ -12,8 +12,9 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLD = ROOT / "fold"
 
-LAYERS = {"fold.errors": 0, "fold.checkpoint": 0, "fold.typing": 0, "fold.fields": 0, "fold.cores": 0, "fold.blocks": 1,
-          "fold.scheduler": 2, "fold.compiler": 3, "fold.trainer": 4, "fold.visualize": 4, "fold.schedule_plot": 4,
+LAYERS = {"fold.errors": 0, "fold.checkpoint": 0, "fold.typing": 0, "fold.fields": 0, "fold.cores": 0,
+          "fold.host_memory": 0, "fold.blocks": 1, "fold.scheduler": 2, "fold.compiler": 3, "fold.trainer": 4,
+          "fold.visualize": 4, "fold.schedule_plot": 4,
           "fold.generation": 4, "fold": 5}
 EXCEPTIONS = {("fold.blocks.base", "fold.compiler.compiler")}  # Block.eval
 MAX_FUNCTION_LINES = 80

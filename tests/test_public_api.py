@@ -19,8 +19,8 @@ PUBLIC = [
     "ShardedBatch", "Shared", "Slice", "Softmax", "Sum", "Tensor", "TensorType", "TrainState", "Trainer", "TreeDecoder",
     "TupleType", "Type",
     "Vector", "Void", "VoidType", "Zeros", "Zip", "ZipWith", "convert_to_block", "convert_to_type",
-    "checkpoint_metadata", "load_checkpoint", "plot_schedule", "reserve_host_cores", "schedule_profile",
-    "save_checkpoint", "visualize",
+    "checkpoint_metadata", "keep_host_memory", "load_checkpoint", "plot_schedule", "reserve_host_cores",
+    "schedule_profile", "save_checkpoint", "visualize",
 ]
 
 

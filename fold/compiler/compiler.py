@@ -34,6 +34,7 @@ from fold.compiler.sharding import Devices, ShardedBatch
 from fold.compiler.stats import CompilerStats, StatsRecorder
 from fold.compiler.summary import summary
 from fold.errors import check_examples, check_int
+from fold.host_memory import keep_by_default
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import run_examples
 from fold.scheduler.program import Program
@@ -57,6 +58,12 @@ class Compiler:
     Create with ``Compiler.create(block)``; then ``init(key)`` makes the
     parameters, ``build_batch(examples)`` builds a schedule on the host and
     ``apply(params, batch)`` runs it (pure and jittable).
+
+    The first compiler of a process keeps freed host memory for reuse
+    (``fd.keep_host_memory``; ``FOLD_KEEP_HOST_MEMORY=0`` or the program's
+    own glibc settings leave it alone): on a CPU backend a step's
+    temporaries then stay in the heap instead of faulting in fresh pages
+    every step.
     """
 
     def __init__(self, program: Program, chunk_size: int | Sequence[int] = CHUNK_SIZES, backward: str = "auto",
@@ -74,6 +81,7 @@ class Compiler:
         if isinstance(save_limit, bool) or not isinstance(save_limit, (int, np.integer)) or save_limit < 0:
             raise ValueError(f"save_limit must be a number of bytes >= 0, got {save_limit!r}")
         check_int("max_layouts", max_layouts, 1)
+        keep_by_default()  # a step's temporaries stay in the heap (fold/host_memory.py)
         self.chunk_sizes = tuple(sorted({int(c) for c in sizes}))
         self.program = program
         self.backward = backward

@@ -18,11 +18,13 @@ def test_quick_run(tmp_path, monkeypatch):
     out = tmp_path / "host_allocator.json"
     r = host_allocator.main(["--quick", "--data-dir", str(SAMPLE), "--json", str(out)])
     (row,) = r["rows"]
-    assert row["batch_size"] == 16 and row["backward"] == "recompute" and row["temp_bytes"] > 0
-    assert set(row["seconds"]) == set(host_allocator.VARIANTS) and min(row["seconds"].values()) > 0
-    for name in ("keep_blocks", "huge_pages"):
-        assert row["speedup"][name] == row["seconds"]["default"] / row["seconds"][name]
-    assert min(row["faults"].values()) >= 0
+    assert row["batch_size"] == 16 and row["temp_bytes"] > 0
+    for what in ("step_seconds", "loop_seconds"):
+        assert set(row[what]) == set(host_allocator.VARIANTS) and min(row[what].values()) > 0
+    for name in ("kept", "huge_pages", "kept_huge_pages"):
+        assert row["step_speedup"][name] == row["step_seconds"]["glibc"] / row["step_seconds"][name]
+        assert row["loop_speedup"][name] == row["loop_seconds"]["glibc"] / row["loop_seconds"][name]
+    assert min(row["faults_per_step"].values()) >= 0
     # Each child started with exactly the variables of its variant.
     for name, env in host_allocator.VARIANTS.items():
         want = {k: env.get(k) for k in host_allocator.ALLOCATOR_VARIABLES}
