@@ -16,7 +16,7 @@ COUNTS = {
     "executor": ["--chunk-sizes", "--sst-batch", "--tree-batch", "--hidden", "--weave-batch", "--weave-hidden",
                  "--repeats"],
     "fuzz": ["--cases", "--jobs"],
-    "host_allocator": ["--batch-sizes", "--rounds", "--steps", "--hidden"],
+    "host_allocator": ["--batch-sizes", "--rounds", "--batches", "--repeats", "--hidden"],
     "host_cores": ["--batch-sizes", "--batches", "--rounds"],
     "memory": ["--batch-size", "--batches", "--hidden", "--embed-size"],
     "prefetch": ["--batch-sizes", "--batches", "--repeats"],
