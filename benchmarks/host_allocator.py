@@ -23,7 +23,8 @@ SGD, H = 150) in child processes taking turns, ``--rounds`` rounds, on
 batches built by ``compiler.build_batch`` (in the layouts a training loop
 gets): the step alone on batches built before, and the blocking loop (build,
 step, read the loss). It reports median times and page faults per step,
-next to the step's temporaries (XLA's buffer assignment). Without glibc the
+next to the step's temporaries (XLA's buffer assignment), and each
+process's peak resident size (what keeping memory costs). Without glibc the
 settings do nothing.
 
 Run: ``python -m benchmarks.host_allocator`` (``--quick`` for a seconds-long run).
@@ -85,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Seconds per training step on batches built before and per batch of the blocking loop
     (medians of ``args.repeats`` loops), the page faults per step (minor: fresh pages), the
-    step's temporaries, and the allocator variables this process started with."""
+    step's temporaries, the process's peak resident size (what keeping memory costs), and the
+    allocator variables this process started with."""
     trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     rng = random.Random(0)
     compiler = fd.Compiler.create(models.sst_model(sst.vocabulary(trees), state_size=args.hidden),
@@ -115,8 +117,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step_seconds = median_seconds(steps, args.repeats) / len(built)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (args.repeats * len(built))
-    return {"step_seconds": step_seconds, "loop_seconds": median_seconds(loop, args.repeats) / len(chunks),
-            "faults_per_step": faults, "temp_bytes": temp, "env": {k: os.environ.get(k) for k in ALLOCATOR_VARIABLES}}
+    loop_seconds = median_seconds(loop, args.repeats) / len(chunks)
+    return {"step_seconds": step_seconds, "loop_seconds": loop_seconds, "faults_per_step": faults, "temp_bytes": temp,
+            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "env": {k: os.environ.get(k) for k in ALLOCATOR_VARIABLES}}
 
 
 def run_child(args: argparse.Namespace, batch_size: int, variant: str) -> dict[str, Any]:
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
             for name in names:  # taking turns, so that all see the same drift of a shared machine
                 runs[name].append(run_child(args, b, name))
         med = {what: {name: statistics.median(x[what] for x in v) for name, v in runs.items()}
-               for what in ("step_seconds", "loop_seconds", "faults_per_step")}
+               for what in ("step_seconds", "loop_seconds", "faults_per_step", "max_rss_bytes")}
         rows.append({"batch_size": b, "temp_bytes": runs["glibc"][0]["temp_bytes"], **med,
                      "step_speedup": {n: med["step_seconds"]["glibc"] / med["step_seconds"][n] for n in args.variants},
                      "loop_speedup": {n: med["loop_seconds"]["glibc"] / med["loop_seconds"][n] for n in args.variants},
@@ -160,10 +164,11 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(f"SST training, H={args.hidden}, backward={args.backward}, median of {args.rounds} processes: ms per "
                 f"step on built batches (page faults per step) and per batch of the blocking loop (libc: {libc})",
                 ["batch", "temporaries (MiB)", *(f"{n} step" for n in names), *(f"{n} loop" for n in names),
-                 *(f"{v} speedup (step, loop)" for v in args.variants)],
+                 *(f"{n} peak RSS (MiB)" for n in names), *(f"{v} speedup (step, loop)" for v in args.variants)],
                 [[r["batch_size"], f"{r['temp_bytes'] / 2**20:.1f}",
                   *(f"{r['step_seconds'][n] * 1e3:.1f} ({r['faults_per_step'][n]:.0f})" for n in names),
                   *(f"{r['loop_seconds'][n] * 1e3:.1f}" for n in names),
+                  *(f"{r['max_rss_bytes'][n] / 2**20:.0f}" for n in names),
                   *(f"{r['step_speedup'][v]:.2f}x, {r['loop_speedup'][v]:.2f}x" for v in args.variants)]
                  for r in rows])
     results = {"args": {k: v for k, v in vars(args).items() if k != "child"}, "libc": libc,

@@ -12,9 +12,9 @@ there for the next step, and glibc's *top pad* to the largest block kept: a heap
 least that much, and the heaps of XLA's threads (64 MiB each at most), which glibc unmaps once
 entirely free whatever the thresholds, stay (without it, one process in three still faulted
 9,000 times a step). Measured on a 2-core CPU (``benchmarks.host_allocator``;
-docs/performance.md, "Host allocator"), an SST Tree-LSTM training step at batch 64 took 25-26 ms
-without a page fault instead of 34-35 ms and 9,150 faults under glibc's defaults; at batch 256,
-91-94 ms instead of 100-109.
+docs/performance.md, "Host allocator"), an SST Tree-LSTM training step at batch 64 took 25 ms
+without a page fault instead of 32-34 ms and 9,150 faults under glibc's defaults (two runs); at
+batch 256, 90-92 ms instead of 100-101.
 
 The price is memory: up to ``kept_free`` bytes per allocation arena stay mapped once freed, so
 the process's resident size stays near its peak (as with any caching allocator).

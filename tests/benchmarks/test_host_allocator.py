@@ -25,6 +25,7 @@ def test_quick_run(tmp_path, monkeypatch):
         assert row["step_speedup"][name] == row["step_seconds"]["glibc"] / row["step_seconds"][name]
         assert row["loop_speedup"][name] == row["loop_seconds"]["glibc"] / row["loop_seconds"][name]
     assert min(row["faults_per_step"].values()) >= 0
+    assert min(row["max_rss_bytes"].values()) > 100 * 2**20  # an interpreter with JAX loaded
     # Each child started with exactly the variables of its variant.
     for name, env in host_allocator.VARIANTS.items():
         want = {k: env.get(k) for k in host_allocator.ALLOCATOR_VARIABLES}
