@@ -29,7 +29,10 @@ __all__ = ["BACKWARDS", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_
 
 BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
 # backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
-SAVE_LIMIT = 16 * 2**20
+# Measured on a 2-core CPU with freed host memory kept (benchmarks.backward, backward_kept.json):
+# saving trained SST batches of 64 and 128 (12.1 and 23.8 MiB saved) 13-14 % faster in three runs,
+# and was slower from 40 MiB up (Table 1 trees at batch 32, 40.6 MiB: 5 %; SST at 256, 48.3 MiB: 8 %).
+SAVE_LIMIT = 32 * 2**20
 # ... and only the operations whose forward pass costs at least this many FLOPs per byte they would
 # save: a saved row is written, kept and read back whatever the matmul behind it, while recomputing
 # it costs that matmul. Measured on a 2-core CPU (benchmarks.executor): the SST Tree-LSTM cell

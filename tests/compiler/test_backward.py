@@ -169,7 +169,7 @@ def test_auto_saves_when_the_saved_buffers_fit_the_limit():
     for limit, saves in ((need, True), (need - 1, False), (0, False)):
         layout = fd.Compiler.create(_fc_fold(128), save_limit=limit).build_batch(examples).layout
         assert layout.saved_rows == (saved.saved_rows if saves else ()), limit
-    assert fd.Compiler.create(_fc_fold(128)).build_batch(examples).layout == saved  # far below 16 MiB
+    assert fd.Compiler.create(_fc_fold(128)).build_batch(examples).layout == saved  # far below the default limit
     assert fd.Compiler.create(_fc_fold(128), backward="recompute").build_batch(examples).layout.saved_rows == ()
 
 
