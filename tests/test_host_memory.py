@@ -39,13 +39,18 @@ _FAULTS = """
 """
 
 
-def _run(code: str, **env: str) -> str:
+def _process(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` run after ``_FAULTS`` in a fresh interpreter whose allocator variables are ``env``'s only."""
     environ = {k: v for k, v in os.environ.items()
                if k not in (host_memory.ENV, "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(_FAULTS) + textwrap.dedent(code)],
                          capture_output=True, text=True, timeout=300, env={**environ, **env})
     assert out.returncode == 0, out.stderr
-    return out.stdout
+    return out
+
+
+def _run(code: str, **env: str) -> str:
+    return _process(code, **env).stdout
 
 
 _CREATE = """
@@ -73,10 +78,7 @@ def test_kept_blocks_are_reused_without_page_faults():
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's thresholds")
 def test_a_compiler_keeps_host_memory_by_default_and_says_so():
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_FAULTS) + textwrap.dedent(_CREATE)],
-                         capture_output=True, text=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != host_memory.ENV})
-    assert out.returncode == 0, out.stderr
+    out = _process(_CREATE)
     assert int(out.stdout) < 1_000
     assert "freed host memory is kept" in out.stderr
 
