@@ -13,7 +13,9 @@ Without workers, one thread of the caller's process builds ahead: the
 walk holds the GIL, but the caller's step does not (JAX releases it while
 it waits for the device), so a thread hides the host's work wherever the
 step leaves a core free: always beside an accelerator, and on the CPU when
-XLA does not use every core.
+XLA does not use every core. The builders, thread or workers, run at a lower CPU priority than
+the caller (``fold/scheduler/priority.py``), so that where they compete with the step for a
+core, the step wins.
 
 Workers are forked once per compiler, not once per ``batches`` call: a
 ``WorkerPool`` that delivered every batch it was asked for goes back to
@@ -64,6 +66,7 @@ from typing import TypeAlias
 
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import ExampleChunk
+from fold.scheduler.priority import build_niceness, lower_priority
 from fold.scheduler.records import ByReference, RecordedExamples, next_serial
 
 __all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool", "Chunk", "ChunkSizes", "Job", "Build"]
@@ -116,9 +119,10 @@ def _picklable(error: BaseException) -> BaseException:
         return cls(f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else ""))
 
 
-def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None:
+def _worker(conn: Connection, inherited: list[Connection], build: Build, niceness: int) -> None:
     """A worker's life: build every chunk of examples received (until None) and send back
-    ``(ok, batch or exception, traceback)``.
+    ``(ok, batch or exception, traceback)``, ``niceness`` nicer than its parent
+    (``fold/scheduler/priority.py``).
 
     A thread reads the jobs as they come: otherwise a worker blocked writing a large batch that
     the consumer is not reading yet, while the consumer is blocked writing it a large chunk of
@@ -129,6 +133,7 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None
         # file, and ours is how a worker learns that its consumer died (even by SIGKILL).
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    lower_priority(niceness)
     jobs: queue.SimpleQueue[tuple[Chunk | ByReference, ChunkSizes] | None] = queue.SimpleQueue()
 
     def read() -> None:
@@ -181,6 +186,7 @@ class WorkerPool:
 
     def __init__(self, build: Build, n: int):
         ctx = multiprocessing.get_context("fork")
+        niceness = build_niceness()  # raised here, in the consumer, if the variable is malformed
         self.conns: list[Connection] = []
         self.procs: list[BaseProcess] = []
         self.in_flight = 0
@@ -197,7 +203,7 @@ class WorkerPool:
             try:
                 for _ in range(n):
                     mine, theirs = ctx.Pipe()
-                    proc = ctx.Process(target=_worker, args=(theirs, [*_open_conns, mine], build),
+                    proc = ctx.Process(target=_worker, args=(theirs, [*_open_conns, mine], build, niceness),
                                        daemon=True, name="fold-batch-builder")
                     proc.start()
                     theirs.close()  # only the worker holds its writing end, so its death reads as end of file
@@ -376,7 +382,8 @@ def _in_order(jobs: Iterable[Job], window: int, submit: Callable[[int, Job], obj
 
 
 def _with_threads(build: Build, jobs: Iterable[Job], num_workers: int, ahead: int) -> Iterator[Batch]:
-    pool = ThreadPoolExecutor(num_workers)
+    pool = ThreadPoolExecutor(num_workers, thread_name_prefix="fold-batch-builder", initializer=lower_priority,
+                              initargs=(build_niceness(),))
     pending: deque[Future[Batch]] = deque()
     try:
         yield from _in_order(jobs, num_workers + ahead,
