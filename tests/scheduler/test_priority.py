@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -25,12 +27,35 @@ def _expected(added: int) -> int:
     return min(19, _niceness() + added)
 
 
-def _builders_niceness(**batches_kwargs) -> list[float]:
-    """Per example, the niceness of the thread that walked it (read by the model's host code)."""
+def _builders_niceness(batches: int = 1, pause: float = 0.0, **batches_kwargs) -> list[float]:
+    """Per batch of one example, the niceness of the thread that walked it (read by the model's
+    host code into the batch's constant), the loop pausing ``pause`` seconds after each batch as a
+    step would."""
     compiler = fd.Compiler.create(fd.InputTransform(lambda _: float(_niceness())) >> fd.Scalar())
-    params = compiler.init(jax.random.key(0))
-    return [float(v) for b in compiler.batches(range(6), 3, **batches_kwargs)
-            for v in np.asarray(compiler.apply(params, b).outputs)]
+    seen = []
+    for b in compiler.batches(range(batches), 1, **batches_kwargs):
+        (constants,) = b.arrays.consts.values()
+        seen.append(float(constants[0]))
+        time.sleep(pause)
+    del compiler
+    gc.collect()  # stops the compiler's idle workers now: other tests count the live ones
+    return seen
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _pace(pacer: priority.Pacer, clock: _Clock, busy: float, idle: float, builds: int) -> None:
+    for _ in range(builds):
+        clock.now += idle
+        pacer.started()
+        clock.now += busy
+        pacer.finished()
 
 
 def test_the_default_niceness_and_the_variable(monkeypatch):
@@ -72,20 +97,52 @@ def test_lower_priority_changes_the_calling_thread_only():
     assert _niceness() == before
 
 
+@pytest.mark.parametrize("busy, idle, lowered", [(1.0, 9.0, True), (3.0, 5.0, True), (4.0, 6.0, False),
+                                                (5.0, 5.0, False), (1.0, 0.0, False)])
+def test_a_builder_with_time_to_spare_lowers_its_priority_once(monkeypatch, busy, idle, lowered):
+    calls = []
+    monkeypatch.setattr(priority, "lower_priority", calls.append)
+    clock = _Clock()
+    pacer = priority.Pacer(7, clock)
+    _pace(pacer, clock, busy, idle, priority.WINDOW - 1)
+    assert calls == [] and not pacer.lowered  # too few batches to tell
+    _pace(pacer, clock, busy, idle, 3 * priority.WINDOW)
+    assert calls == ([7] if lowered else []) and pacer.lowered == lowered
+
+
+def test_busy_batches_first_then_time_to_spare(monkeypatch):
+    """A stream's first batches are built back to back (before the first step): only the last
+    ``WINDOW`` batches count."""
+    calls = []
+    monkeypatch.setattr(priority, "lower_priority", calls.append)
+    clock = _Clock()
+    pacer = priority.Pacer(5, clock)
+    _pace(pacer, clock, 1.0, 0.0, 20)
+    _pace(pacer, clock, 1.0, 9.0, 1)  # 8 s busy in 17
+    assert calls == []
+    _pace(pacer, clock, 1.0, 9.0, priority.WINDOW)
+    assert calls == [5]
+    assert priority.Pacer(0, clock).lowered  # nothing to lower: never calls
+
+
 @linux
 @pytest.mark.parametrize("kwargs", [{}, {"num_workers": 1}], ids=["thread", "worker process"])
-def test_batches_are_built_nicer_than_the_caller(monkeypatch, kwargs):
+def test_a_builder_that_waits_on_the_loop_becomes_nicer(monkeypatch, kwargs):
     monkeypatch.delenv(priority.ENV, raising=False)
-    assert _builders_niceness(**kwargs) == [_expected(priority.BUILD_NICENESS)] * 6
-    monkeypatch.setenv(priority.ENV, "4")
-    assert _builders_niceness(**kwargs) == [_expected(4)] * 6
+    base = _niceness()
+    seen = _builders_niceness(3 * priority.WINDOW, pause=0.02, **kwargs)
+    assert seen[:priority.WINDOW] == [base] * priority.WINDOW
+    assert seen[-1] == _expected(priority.BUILD_NICENESS)
+    monkeypatch.setenv(priority.ENV, "3")
+    assert _builders_niceness(3 * priority.WINDOW, pause=0.02, **kwargs)[-1] == _expected(3)
     monkeypatch.setenv(priority.ENV, "0")
-    assert _builders_niceness(**kwargs) == [_niceness()] * 6
+    assert set(_builders_niceness(3 * priority.WINDOW, pause=0.02, **kwargs)) == {base}
 
 
 def test_batches_built_in_the_caller_keep_its_priority(monkeypatch):
     monkeypatch.setenv(priority.ENV, "5")
-    assert _builders_niceness(prefetch=False) == [_niceness()] * 6
+    assert set(_builders_niceness(3 * priority.WINDOW, pause=0.02, prefetch=False)) == {_niceness()}
     compiler = fd.Compiler.create(fd.InputTransform(lambda _: float(_niceness())) >> fd.Scalar())
     batch = compiler.build_batch(range(2))
-    assert np.asarray(compiler.apply(compiler.init(jax.random.key(0)), batch).outputs).tolist() == [_niceness()] * 2
+    params = compiler.init(jax.random.key(0))
+    assert np.asarray(compiler.apply(params, batch).outputs).tolist() == [_niceness()] * 2
