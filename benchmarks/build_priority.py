@@ -20,6 +20,7 @@ Writes ``benchmarks/results/build_priority.json``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import statistics
@@ -109,9 +110,25 @@ def _loop(model: str, trees: list, batch_size: int, niceness: int) -> Iterator[f
             yield float(loss)
 
 
+class _Lowerings(logging.Handler):
+    """Collects fold's messages that a builder lowered its priority (the plain loop's never do)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "time to spare" in record.getMessage():
+            self.messages.append(record.getMessage())
+
+
 def race(model: str, batch_size: int, trees: list, args: argparse.Namespace) -> dict[str, Any]:
     """Both loops of ``model`` at ``batch_size``, taking turns: examples/s and the ratio."""
     loops = {PLAIN: _loop(model, trees, batch_size, 0), NICER: _loop(model, trees, batch_size, args.niceness)}
+    lowered, logger = _Lowerings(), logging.getLogger("fold")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(lowered)
     for loop in loops.values():
         for _ in range(args.warmup):
             next(loop)
@@ -122,11 +139,14 @@ def race(model: str, batch_size: int, trees: list, args: argparse.Namespace) -> 
             for _ in range(args.batches):
                 next(loop)
             seconds[name].append(time.perf_counter() - start)
+    logger.removeHandler(lowered)
+    logger.setLevel(level)
     rate = {name: args.batches * batch_size / statistics.median(s) for name, s in seconds.items()}
     run = {"model": model, "batch_size": batch_size, "examples_per_s": rate, "speedup": rate[NICER] / rate[PLAIN],
-           "seconds": seconds}
+           "seconds": seconds, "lowered": lowered.messages}
     print(f"{model}, batch {batch_size}: {rate[PLAIN]:.0f} examples/s, {rate[NICER]:.0f} with builders "
-          f"{args.niceness} nicer once they have time to spare (x{run['speedup']:.3f})", flush=True)
+          f"{args.niceness} nicer once they have time to spare (x{run['speedup']:.3f}; "
+          f"{len(lowered.messages)} streams lowered theirs)", flush=True)
     return run
 
 
@@ -137,9 +157,9 @@ def main(argv: list[str] | None = None) -> dict:
     runs = [race(model, batch_size, trees, args) for model, batch_size in args.runs]
     print_table(f"training loops reading the loss every step, builders at the loop's priority and "
                 f"{args.niceness} nicer once they have time to spare (examples/s)",
-                ["model", "batch", "plain", "nicer", "nicer / plain"],
+                ["model", "batch", "plain", "nicer", "nicer / plain", "builders lowered"],
                 [[r["model"], r["batch_size"], f"{r['examples_per_s'][PLAIN]:.0f}",
-                  f"{r['examples_per_s'][NICER]:.0f}", f"{r['speedup']:.3f}"] for r in runs])
+                  f"{r['examples_per_s'][NICER]:.0f}", f"{r['speedup']:.3f}", len(r["lowered"])] for r in runs])
 
     def plot(path: Any) -> None:
         with figure(path) as ax:

@@ -111,4 +111,6 @@ class Pacer:
         self._end = end
         if not self.lowered and len(self._busy) == WINDOW and sum(self._busy) < DUTY * sum(self._spans):
             self.lowered = True
+            logger.info("fold: the batch builder has time to spare (busy %.0f %% of its last %d batches): it runs "
+                        "%d nicer", 100 * sum(self._busy) / sum(self._spans), WINDOW, self.niceness)
             lower_priority(self.niceness)

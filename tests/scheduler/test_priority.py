@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -99,15 +101,20 @@ def test_lower_priority_changes_the_calling_thread_only():
 
 @pytest.mark.parametrize("busy, idle, lowered", [(1.0, 9.0, True), (3.0, 5.0, True), (4.0, 6.0, False),
                                                 (5.0, 5.0, False), (1.0, 0.0, False)])
-def test_a_builder_with_time_to_spare_lowers_its_priority_once(monkeypatch, busy, idle, lowered):
+def test_a_builder_with_time_to_spare_lowers_its_priority_once(monkeypatch, caplog, busy, idle, lowered):
     calls = []
     monkeypatch.setattr(priority, "lower_priority", calls.append)
     clock = _Clock()
     pacer = priority.Pacer(7, clock)
-    _pace(pacer, clock, busy, idle, priority.WINDOW - 1)
-    assert calls == [] and not pacer.lowered  # too few batches to tell
-    _pace(pacer, clock, busy, idle, 3 * priority.WINDOW)
+    with caplog.at_level(logging.INFO, logger="fold"):
+        _pace(pacer, clock, busy, idle, priority.WINDOW - 1)
+        assert calls == [] and not pacer.lowered  # too few batches to tell
+        _pace(pacer, clock, busy, idle, 3 * priority.WINDOW)
     assert calls == ([7] if lowered else []) and pacer.lowered == lowered
+    said = [r.getMessage() for r in caplog.records if "time to spare" in r.getMessage()]
+    assert len(said) == lowered
+    assert all(re.fullmatch(r"fold: the batch builder has time to spare \(busy \d+ % of its last 8 batches\): it "
+                            r"runs 7 nicer", m) for m in said)
 
 
 def test_busy_batches_first_then_time_to_spare(monkeypatch):
