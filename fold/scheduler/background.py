@@ -13,9 +13,7 @@ Without workers, one thread of the caller's process builds ahead: the
 walk holds the GIL, but the caller's step does not (JAX releases it while
 it waits for the device), so a thread hides the host's work wherever the
 step leaves a core free: always beside an accelerator, and on the CPU when
-XLA does not use every core. A builder, thread or worker, that has time to spare runs at a
-lower CPU priority than the caller (``fold/scheduler/priority.py``), so that where it competes
-with the step for a core, the step wins.
+XLA does not use every core.
 
 Workers are forked once per compiler, not once per ``batches`` call: a
 ``WorkerPool`` that delivered every batch it was asked for goes back to
@@ -66,7 +64,6 @@ from typing import TypeAlias
 
 from fold.scheduler.batch import Batch
 from fold.scheduler.builder import ExampleChunk
-from fold.scheduler.priority import Pacer, build_niceness
 from fold.scheduler.records import ByReference, RecordedExamples, next_serial
 
 __all__ = ["build_ahead", "uses_processes", "IdlePool", "WorkerPool", "Chunk", "ChunkSizes", "Job", "Build"]
@@ -119,10 +116,9 @@ def _picklable(error: BaseException) -> BaseException:
         return cls(f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else ""))
 
 
-def _worker(conn: Connection, inherited: list[Connection], build: Build, niceness: int) -> None:
+def _worker(conn: Connection, inherited: list[Connection], build: Build) -> None:
     """A worker's life: build every chunk of examples received (until None) and send back
-    ``(ok, batch or exception, traceback)``; ``niceness`` nicer than its parent once it has time
-    to spare (``fold/scheduler/priority.py``).
+    ``(ok, batch or exception, traceback)``.
 
     A thread reads the jobs as they come: otherwise a worker blocked writing a large batch that
     the consumer is not reading yet, while the consumer is blocked writing it a large chunk of
@@ -133,7 +129,6 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build, nicenes
         # file, and ours is how a worker learns that its consumer died (even by SIGKILL).
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
-    pacer = Pacer(niceness)
     jobs: queue.SimpleQueue[tuple[Chunk | ByReference, ChunkSizes] | None] = queue.SimpleQueue()
 
     def read() -> None:
@@ -147,7 +142,6 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build, nicenes
     threading.Thread(target=read, daemon=True).start()
     try:
         while (job := jobs.get()) is not None:
-            pacer.started()
             chunk, sizes = job
             try:
                 if isinstance(chunk, ByReference):
@@ -156,7 +150,6 @@ def _worker(conn: Connection, inherited: list[Connection], build: Build, nicenes
             except (Exception, SystemExit) as e:  # sys.exit in a user's function: the consumer's to raise
                 message = (False, _picklable(e), traceback.format_exc())
             conn.send_bytes(_message_bytes(message))
-            pacer.finished()
     except OSError:
         pass  # the consumer is gone or closed our pipe mid-send: stop
 
@@ -188,7 +181,6 @@ class WorkerPool:
 
     def __init__(self, build: Build, n: int):
         ctx = multiprocessing.get_context("fork")
-        niceness = build_niceness()  # raised here, in the consumer, if the variable is malformed
         self.conns: list[Connection] = []
         self.procs: list[BaseProcess] = []
         self.in_flight = 0
@@ -205,7 +197,7 @@ class WorkerPool:
             try:
                 for _ in range(n):
                     mine, theirs = ctx.Pipe()
-                    proc = ctx.Process(target=_worker, args=(theirs, [*_open_conns, mine], build, niceness),
+                    proc = ctx.Process(target=_worker, args=(theirs, [*_open_conns, mine], build),
                                        daemon=True, name="fold-batch-builder")
                     proc.start()
                     theirs.close()  # only the worker holds its writing end, so its death reads as end of file
@@ -384,23 +376,11 @@ def _in_order(jobs: Iterable[Job], window: int, submit: Callable[[int, Job], obj
 
 
 def _with_threads(build: Build, jobs: Iterable[Job], num_workers: int, ahead: int) -> Iterator[Batch]:
-    niceness = build_niceness()
-    pacers = threading.local()  # one per thread: a niceness is a thread's own
-
-    def paced(job: Job) -> Batch:
-        pacer = getattr(pacers, "pacer", None) or Pacer(niceness)
-        pacers.pacer = pacer
-        pacer.started()
-        try:
-            return build(*job)
-        finally:
-            pacer.finished()
-
-    pool = ThreadPoolExecutor(num_workers, thread_name_prefix="fold-batch-builder")
+    pool = ThreadPoolExecutor(num_workers)
     pending: deque[Future[Batch]] = deque()
     try:
         yield from _in_order(jobs, num_workers + ahead,
-                             lambda _, job: pending.append(pool.submit(paced, job)),
+                             lambda _, job: pending.append(pool.submit(build, *job)),
                              lambda _: pending.popleft().result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -10,7 +10,6 @@ import pytest
 # Per benchmark, its numeric flags: counts (at least 1) and those that may be 0 (seeds, workers).
 COUNTS = {
     "backward": ["--sst-batches", "--tree-batches", "--hidden", "--weave-batches", "--weave-hidden", "--repeats"],
-    "build_priority": ["--warmup", "--batches", "--rounds"],
     "compile_count": ["--batch-size", "--chunk-size", "--models", "--examples"],
     "dynet_tagger": ["--batch-sizes", "--warmup", "--batches", "--rounds"],
     "dynet_treenn": ["--batch-sizes", "--warmup", "--batches", "--rounds"],
