@@ -436,8 +436,10 @@ def test_a_stopped_worker_raises_instead_of_blocking_forever(monkeypatch):
     monkeypatch.setattr(background, "STOPPED_SECONDS", 1.5)
     compiler = _model()
     gen = compiler.batches([[1.0] * 50] * 400, 4, num_workers=2)
+    before = _builders()
     next(gen)
-    workers = [p for p in multiprocessing.active_children() if p.name == "fold-batch-builder"]
+    # This stream's workers only: idle ones that other tests' compilers keep are not this stream's to stop.
+    workers = [p for p in multiprocessing.active_children() if p.name == "fold-batch-builder" and p.pid not in before]
     for p in workers:
         os.kill(p.pid, signal.SIGSTOP)
     start = time.monotonic()
