@@ -22,6 +22,12 @@ measurements:
   every arena a branch updates, each iteration). Microseconds per item and kernels per
   iteration.
 
+- **One item on XLA's threads and on one**: a treenn-like backward item (16 rows: 4 row gathers
+  from a ``[2080, 128]`` arena, gates, three small matmuls of transposed weights, 3 scatter-adds)
+  in a ``fori_loop``, whole, its matmuls alone, the rest alone and neither; in this process, and
+  in a child process pinned to one core before JAX starts (Linux), where XLA's pool has one
+  thread and hands no kernel between threads. Microseconds per iteration.
+
 Run: ``python -m benchmarks.loop_ops --data-dir DIR`` (``--quick``: the committed sample).
 Writes ``benchmarks/results/loop_ops.json`` and a plot.
 """
@@ -30,9 +36,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
 import pathlib
 import random
 import re
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -76,6 +86,70 @@ def loop_us(writes: int, chained: bool, rows: int, width: int, repeats: int) -> 
     w = jnp.eye(width)
     arenas = [jnp.zeros((arena_rows, width)) for _ in range(1 if chained else writes)]
     return _best_seconds(jax.jit(run).lower(x, w, arenas).compile(), [x, w, arenas], repeats) / ITERATIONS * 1e6
+
+
+ITEM_PARTS = ("whole", "matmuls", "rest", "neither")
+
+
+def item_us(repeats: int, rows: int = 16, iterations: int = 200) -> dict[str, float]:
+    """Microseconds per iteration of the treenn-like backward item (module docstring), per part
+    of it kept (``ITEM_PARTS``), best of ``repeats`` calls."""
+    arena_rows, width = 2080, 128
+    keys = jax.random.split(jax.random.key(0), 5)
+    u = jax.random.normal(keys[0], (256, 3 * width)) * 0.05  # read transposed, as a backward pass does
+    f1, f2 = (jax.random.normal(k, (width, width)) * 0.05 for k in keys[1:3])
+    arena = jax.random.normal(keys[3], (arena_rows, width))
+    idx = jax.random.randint(keys[4], (iterations, 4, rows), 0, arena_rows)
+
+    def by_t(x: jax.Array, w: jax.Array) -> jax.Array:
+        return lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+
+    def make(matmuls: bool, rest: bool) -> Any:
+        def run(arena: jax.Array, ct: jax.Array, u: jax.Array, f1: jax.Array, f2: jax.Array, idx: jax.Array) -> Any:
+            def body(i: jax.Array, state: tuple) -> tuple:
+                ct, acc = state
+                ix = idx[i]
+                if rest:
+                    xs = [jnp.take(arena, ix[k], axis=0) for k in range(4)]
+                    g = [jax.nn.sigmoid(xs[0] + xs[1]), jnp.tanh(xs[2] - xs[3]), jax.nn.sigmoid(xs[1] * xs[2])]
+                    d = jnp.concatenate([g[0] * g[1], g[1] * g[2], g[0] + g[2]], axis=1)
+                else:
+                    d = jnp.tile(arena[:rows] * (1 + i * 1e-6), (1, 3))
+                if matmuls:
+                    a = by_t(d, u)
+                    out = a[:, :width] + a[:, width:] + by_t(d[:, :width], f1) + by_t(d[:, width:2 * width], f2)
+                else:
+                    out = d[:, :width] + d[:, width:2 * width] + d[:, 2 * width:]
+                if rest:
+                    ct = ct.at[ix[0]].add(out).at[ix[1]].add(0.5 * out).at[ix[2]].add(-out)
+                return ct, acc + out.sum()
+
+            return lax.fori_loop(0, iterations, body, (ct, jnp.float32(0)))
+
+        return jax.jit(run).lower(arena, jnp.zeros_like(arena), u, f1, f2, idx).compile()
+
+    args = [arena, jnp.zeros_like(arena), u, f1, f2, idx]
+    return {part: _best_seconds(make(part in ("whole", "matmuls"), part in ("whole", "rest")), args, repeats)
+            / iterations * 1e6 for part in ITEM_PARTS}
+
+
+def item_on_threads(repeats: int) -> dict[str, Any]:
+    """``item_us`` here, on all of XLA's threads, and in a child process pinned to one core (None
+    where threads cannot be pinned); for each, what the whole costs beyond its parts."""
+    here = item_us(repeats)
+    pinned = None
+    if hasattr(os, "sched_setaffinity"):
+        code = ("import json, os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+                "from benchmarks import loop_ops; print(json.dumps(loop_ops.item_us(int(sys.argv[1]))))")
+        out = subprocess.run([sys.executable, "-c", code, str(repeats)], capture_output=True, text=True, check=True,
+                             cwd=pathlib.Path(__file__).resolve().parents[1])
+        pinned = json.loads(out.stdout.strip().splitlines()[-1])
+
+    def beyond(us: dict[str, float]) -> float:
+        return us["whole"] - (us["matmuls"] + us["rest"] - us["neither"])
+
+    return {"threads": here, "one_core": pinned, "beyond_parts": {"threads": beyond(here),
+                                                                  "one_core": beyond(pinned) if pinned else None}}
 
 
 def _best_seconds(compiled: Any, args: list[Any], repeats: int) -> float:
@@ -266,6 +340,13 @@ def main(argv: list[str] | None = None) -> dict:
                 ["layout", "us per item", "kernels", "copies"],
                 [[name, f"{r['us_per_item']:.1f}", f"{r['body']} + {r['branches'][0]}-{r['branches'][1]}", r["copies"]]
                  for name, r in layouts.items()])
+    threads = item_on_threads(args.repeats)
+    print_table("us per iteration of a treenn-like backward item (16 rows), on XLA's threads and pinned to one core",
+                ["part", "XLA's threads", "one core"],
+                [[part, f"{threads['threads'][part]:.1f}",
+                  f"{threads['one_core'][part]:.1f}" if threads["one_core"] else "-"] for part in ITEM_PARTS]
+                + [["whole - parts", *(f"{v:.1f}" if v is not None else "-"
+                                         for v in threads["beyond_parts"].values())]])
     items = [fold_items(model, args.data_dir, args.quick) for model in ("tagger", "sst")]
     print_table("kernels per loop iteration of a training step (around the switch + its branch)",
                 ["model", "batch", "loop items", "forward", "backward"],
@@ -274,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
                              if lp["phase"] == phase) for phase in ("forward", "backward"))]
                  for r in items])
     result = {"iterations": ITERATIONS, "rows": args.rows, "width": args.width, "repeats": args.repeats,
-              "known_bodies": known, "layouts": layouts, "fold_items": items}
+              "known_bodies": known, "layouts": layouts, "item_on_threads": threads, "fold_items": items}
 
     def plot(path: pathlib.Path) -> None:
         with figure(path) as ax:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -56,12 +58,24 @@ def test_known_bodies_take_time():
     assert loop_ops.loop_us(2, chained=False, rows=4, width=8, repeats=1) > 0
 
 
+def test_the_item_and_its_parts_take_time():
+    us = loop_ops.item_us(repeats=1, rows=4, iterations=3)
+    assert set(us) == set(loop_ops.ITEM_PARTS) and min(us.values()) > 0
+
+
 @pytest.mark.slow
 def test_quick_run_writes_both_tables(tmp_path):
     result = loop_ops.main(["--quick", "--json", str(tmp_path / "l.json")])
     assert [(r["writes"], r["chained"]) for r in result["known_bodies"]] == [(1, False), (1, True), (4, False),
                                                                            (4, True)]
     assert set(result["layouts"]) == {"per_type", "in_branch", "one_arena"}
+    threads = result["item_on_threads"]
+    assert set(threads["threads"]) == set(loop_ops.ITEM_PARTS) and min(threads["threads"].values()) > 0
+    if hasattr(os, "sched_setaffinity"):  # the child pinned to one core ran
+        assert set(threads["one_core"]) == set(loop_ops.ITEM_PARTS) and min(threads["one_core"].values()) > 0
+        assert threads["beyond_parts"]["one_core"] == pytest.approx(
+            threads["one_core"]["whole"] - threads["one_core"]["matmuls"] - threads["one_core"]["rest"]
+            + threads["one_core"]["neither"])
     assert [r["model"] for r in result["fold_items"]] == ["tagger", "sst"]
     for r in result["fold_items"]:
         assert [lp["phase"] for lp in r["loops"]] == ["forward", "backward"]
