@@ -100,6 +100,7 @@ def item_us(repeats: int, rows: int = 16, iterations: int = 200) -> dict[str, fl
     f1, f2 = (jax.random.normal(k, (width, width)) * 0.05 for k in keys[1:3])
     arena = jax.random.normal(keys[3], (arena_rows, width))
     idx = jax.random.randint(keys[4], (iterations, 4, rows), 0, arena_rows)
+    args = [arena, jnp.zeros_like(arena), u, f1, f2, idx]
 
     def by_t(x: jax.Array, w: jax.Array) -> jax.Array:
         return lax.dot_general(x, w, (((1,), (1,)), ((), ())))
@@ -126,9 +127,8 @@ def item_us(repeats: int, rows: int = 16, iterations: int = 200) -> dict[str, fl
 
             return lax.fori_loop(0, iterations, body, (ct, jnp.float32(0)))
 
-        return jax.jit(run).lower(arena, jnp.zeros_like(arena), u, f1, f2, idx).compile()
+        return jax.jit(run).lower(*args).compile()
 
-    args = [arena, jnp.zeros_like(arena), u, f1, f2, idx]
     return {part: _best_seconds(make(part in ("whole", "matmuls"), part in ("whole", "rest")), args, repeats)
             / iterations * 1e6 for part in ITEM_PARTS}
 
