@@ -18,6 +18,7 @@ COUNTS = {
     "fuzz": ["--cases", "--jobs"],
     "host_allocator": ["--batch-sizes", "--rounds", "--batches", "--repeats", "--hidden"],
     "host_cores": ["--batch-sizes", "--batches", "--rounds"],
+    "item_ladder": ["--batch-sizes", "--hidden", "--batches", "--repeats"],
     "memory": ["--batch-size", "--batches", "--hidden", "--embed-size"],
     "prefetch": ["--batch-sizes", "--batches", "--repeats"],
     "scaling": ["--devices", "--per-device", "--steps", "--hidden", "--embed-size"],

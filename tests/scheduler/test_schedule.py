@@ -13,10 +13,12 @@ import fold as fd
 from fold.scheduler.builder import BatchBuilder
 from fold.scheduler.schedule import (
     CHAIN_BATCH,
+    FINE_ITEM,
     ITEM_OVERHEAD,
     SMALL_CHUNK,
     TINY_BATCH,
     TINY_SIZE_CLASS,
+    _item_size,
     arena_rows_for,
     item_sizes,
     next_pow2,
@@ -24,7 +26,7 @@ from fold.scheduler.schedule import (
     schedule,
 )
 from fold.scheduler.walk import walk
-from tests.models import random_tree
+from tests.models import enable_x64, make_rnn, random_tree
 
 
 def _tree_model():
@@ -261,10 +263,22 @@ def test_pick_chunk_takes_a_small_c_only_in_tiny_batches_where_it_adds_few_items
         assert pick_chunk(groups, (32, 128), tiny) == (32 if cheaper_at_32 else 128)
 
 
-def test_item_sizes_are_the_powers_of_two_from_min_item_to_c():
-    assert item_sizes(8, 64) == (8,) and item_sizes(128, 5) == (8, 16, 32, 64, 128)
+def test_item_sizes_are_the_powers_of_two_from_min_item_to_c_and_halfway_from_fine_item():
+    assert item_sizes(8, 64) == (8,) and item_sizes(32, 5) == (8, 16, 32)
+    assert FINE_ITEM == 48
+    assert item_sizes(128, 5) == (8, 16, 32, 48, 64, 96, 128)
+    assert item_sizes(512, 256) == (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
     # Batches of a few examples have items of a row or a few: they run at their own size.
     assert item_sizes(8, 4) == (1, 2, 4, 8) and item_sizes(32, 1) == (1, 2, 4, 8, 16, 32)
+    assert item_sizes(64, 1) == (1, 2, 4, 8, 16, 32, 48, 64)
+
+
+def test_an_item_takes_the_smallest_size_that_holds_it():
+    sizes = item_sizes(512, 64)
+    counts = [1, 8, 9, 32, 33, 48, 49, 64, 65, 96, 97, 300, 384, 385, 512]
+    assert [_item_size(n, sizes) for n in counts] == [8, 8, 16, 32, 48, 48, 64, 64, 96, 96, 128, 384, 384, 512, 512]
+    tiny = item_sizes(32, 1)
+    assert [_item_size(n, tiny) for n in (1, 3, 5, 17, 32)] == [1, 4, 8, 32, 32]
 
 
 def test_batches_of_large_groups_use_the_large_chunk_and_agree_with_the_small_one():
@@ -343,3 +357,37 @@ def test_arena_rows_round_up_to_an_eighth_of_the_next_power_of_two():
         8, 8, 8, 16, 64, 80, 112, 192, 256, 320, 20_480, 32_768]
     for n in range(1, 5000, 7):  # never fewer rows than used, nor (above 8) a quarter more
         assert n <= arena_rows_for(n) <= max(8, n * 5 // 4)
+
+
+def test_items_of_one_and_a_half_powers_of_two_compute_the_reference_values_and_gradients():
+    # 64 sequences of 1-11 steps at C = 128: each step's group holds 33-64 rows, so its item is
+    # padded to 48 or 64 rows (not to 64 only).
+    with enable_x64():
+        block, reference, examples = make_rnn("float64", seed=2, n=64)
+        examples = [xs or [[0.5, -0.5, 1.0]] for xs in examples]
+        compiler = fd.Compiler.create(block, chunk_size=128)
+        batch = compiler.build_batch(examples)
+        sizes = item_sizes(batch.layout.chunk, batch.layout.num_examples)
+        n = int(batch.arrays.n_items)
+        used = {sizes[b % len(sizes)] for b in batch.arrays.items_branch[:n].tolist()}
+        assert 48 in used
+        params = compiler.init(jax.random.key(0))
+        np.testing.assert_allclose(np.asarray(compiler.apply(params, batch).outputs),
+                                   np.stack([reference(params, xs) for xs in examples]), rtol=1e-10, atol=1e-12)
+
+        def loss(p, c=compiler, b=batch):
+            return jnp.sum(jnp.sin(c.apply(p, b).outputs) ** 2)
+
+        grads = jax.grad(loss)(params)
+        # Against C = 8 (items of 8 rows, no size between powers of two) and finite differences.
+        small = fd.Compiler.create(block, chunk_size=8)
+        for a, b in zip(jax.tree_util.tree_leaves(grads),
+                        jax.tree_util.tree_leaves(jax.grad(loss)(params, small, small.build_batch(examples)))):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+        (name,) = params  # the LSTM cell's layer
+        w, eps = params[name]["w"], 1e-6
+        for i, j in [(0, 0), (3, 5), (10, 31)]:
+            def at(delta, i=i, j=j):
+                return {name: {**params[name], "w": w.at[i, j].add(delta)}}
+            numeric = (loss(at(eps)) - loss(at(-eps))) / (2 * eps)
+            np.testing.assert_allclose(grads[name]["w"][i, j], numeric, rtol=1e-5, atol=1e-9)

@@ -1,0 +1,122 @@
+"""Loop item sizes: powers of two alone against the ladder with one and a half times them.
+
+A loop item computes its group's rows padded to the smallest item size that holds them
+(``fold.scheduler.schedule.item_sizes``). With powers of two alone, a group's last item can
+compute up to twice the rows it holds; with sizes of one and a half times a power of two in
+between, from ``FINE_ITEM`` rows up (fold's default), at most a third more, for a few more
+branches of the loop's ``switch`` to compile. This trains the SST Tree-LSTM both ways on the
+same batches (the first ``--batches`` of a stream), taking turns in one process, checks that
+both give the same parameters, and reports the step time of each, their ratio and how long each
+took to compile.
+
+Run: ``python -m benchmarks.item_ladder --data-dir DIR`` (``--quick``: a seconds-long run on the
+committed sample). Writes ``benchmarks/results/item_ladder.json`` and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import pathlib
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import fold as fd
+from benchmarks import models
+from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
+from examples import sst
+from examples.common import COUNT, print_table
+from fold.scheduler import schedule
+
+LADDERS = ("powers of two", "with 1.5x sizes")
+
+
+@contextlib.contextmanager
+def ladder(name: str) -> Iterator[None]:
+    """Batches built and steps traced inside use ladder ``name``: ``FINE_ITEM`` past any chunk
+    size leaves the powers of two alone. Each compiler's step is traced and compiled inside, so
+    it keeps the ladder its batches were built with."""
+    kept = schedule.FINE_ITEM
+    if name == LADDERS[0]:
+        schedule.FINE_ITEM = 2**62
+    try:
+        yield
+    finally:
+        schedule.FINE_ITEM = kept
+
+
+def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, batches: int, repeats: int) -> dict[str, Any]:
+    """Each ladder's median time over the first ``batches`` training steps of a stream of ``trees``."""
+    steps = {}
+    updated = {}
+    compile_s = {}
+    sizes: dict[str, list[int]] = {}
+    for name in LADDERS:
+        with ladder(name):
+            compiler = fd.Compiler.create(models.sst_model(word_idx, hidden))
+            params = compiler.init(jax.random.key(0))
+            optimizer = optax.sgd(0.05)
+            step = make_train_step(compiler, optimizer)
+            # Built here, not ahead on a thread that could outlive the ladder.
+            stream = compiler.batches(trees[:batch_size * max(16, batches)], batch_size, prefetch=False)
+            chosen = [jax.device_put(b) for b, _ in zip(stream, range(batches))]
+            args = [(params, optimizer.init(params), b, None) for b in chosen]
+            start = time.perf_counter()
+            updated[name] = [jax.block_until_ready(step(*a))[0] for a in args]
+            compile_s[name] = time.perf_counter() - start
+            sizes[name] = list(schedule.layout_item_sizes(chosen[0].layout))
+        steps[name] = lambda step=step, args=args: [jax.block_until_ready(step(*a)) for a in args]
+    gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+              for a, b in zip(*(updated[name] for name in LADDERS))
+              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+    ms = {name: 1000 * s / batches for name, s in interleaved_medians(steps, repeats).items()}
+    return {"batch_size": batch_size, "chunk": chosen[0].layout.chunk, "item_sizes": sizes, "ms": ms,
+            "ratio": ms[LADDERS[1]] / ms[LADDERS[0]], "first_steps_s": compile_s, "largest_param_gap": gap}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[25, 64, 256])
+    p.add_argument("--hidden", type=COUNT, default=150)
+    p.add_argument("--batches", type=COUNT, default=4, help="batches per timed round")
+    p.add_argument("--repeats", type=COUNT, default=10, help="timed rounds")
+    add_run_flags(p, "item_ladder", "batch size 8, 2 batches, 3 rounds, on the sample")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batch_sizes, args.batches, args.repeats = [8], 2, 3
+    trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
+    random.Random(0).shuffle(trees)
+    word_idx = sst.vocabulary(trees)
+    runs = []
+    for batch_size in args.batch_sizes:
+        runs.append(measure(trees, word_idx, args.hidden, batch_size, args.batches, args.repeats))
+        r = runs[-1]
+        print(f"batch {batch_size}: " + ", ".join(f"{n} {ms:.1f} ms" for n, ms in r["ms"].items())
+              + f" (x{r['ratio']:.3f})", flush=True)
+    print_table(f"SST Tree-LSTM training step (ms), H {args.hidden}",
+                ["batch", "C", *LADDERS, "ratio", *(f"first steps (s), {n}" for n in LADDERS)],
+                [[r["batch_size"], r["chunk"], *(f"{r['ms'][n]:.1f}" for n in LADDERS), f"{r['ratio']:.3f}",
+                  *(f"{r['first_steps_s'][n]:.1f}" for n in LADDERS)] for r in runs])
+    result = {"runs": runs, "hidden": args.hidden, "batches": args.batches, "repeats": args.repeats,
+              "fine_item": schedule.FINE_ITEM}
+
+    def plot(path: pathlib.Path) -> None:
+        with figure(path) as ax:
+            ax.plot([r["batch_size"] for r in runs], [r["ratio"] for r in runs], marker="o")
+            ax.axhline(1, color="k", lw=0.5)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("trees per batch")
+            ax.set_ylabel(f"step time, {LADDERS[1]} / {LADDERS[0]}")
+
+    save_results("item_ladder", result, args, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
