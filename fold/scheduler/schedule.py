@@ -61,13 +61,15 @@ ITEM_OVERHEAD = 192
 SMALL_CHUNK = 128
 TINY_SIZE_CLASS = 1024
 TINY_BATCH = 4
-# From this many rows up, a work item can also hold one and a half times a power of two (48, 96,
-# 192, 384): a group's last item, padded to the next size, then computes at most a third more rows
-# than it holds instead of up to twice as many. Measured on a 2-core CPU, SST Tree-LSTM training
-# steps taking turns (same batches, same losses): 0.93-0.94x at batch 64 (C = 128), 0.86-0.93x at
-# 256 (C = 512), 0.93x at 25, with every such size from 24 up; compilation took 1.2-1.5x as long.
-# Below 48 a size saves at most 16 rows while adding a branch to compile, forward and backward.
-FINE_ITEM = 48
+# From this many rows up, in batches whose C is at least SMALL_CHUNK, a work item can also hold
+# one and a half times a power of two (24, 48, 96, 192, 384): a group's last item, padded to the
+# next size, then computes at most a third more rows than it holds instead of up to twice as many.
+# Measured on a 2-core CPU, SST Tree-LSTM training steps taking turns on the same batches
+# (``benchmarks.item_ladder``): 0.95x at batch 25, 0.92-0.94x at 64 (C = 128), 0.87-0.95x at 256
+# (C = 512); from 48 only, batch 25 gained nothing (0.99-1.03x). Each size is a branch to
+# compile, forward and backward: the first steps took 1.3-1.5x as long. Batches with smaller C
+# (single trees, chains of a few examples) have items of a few rows and keep the powers of two.
+FINE_ITEM = 24
 # ... and batches of at most CHAIN_BATCH examples none of whose loop groups holds more rows than
 # the batch has examples: chains (an RNN over sentences, a fold over characters), whose every
 # group is one step of each sequence. There the cost model holds in every batch of a stream (C =
@@ -116,22 +118,23 @@ def piece_rows(size: int, chunk: int) -> int:
 def item_sizes(chunk: int, num_examples: int) -> tuple[int, ...]:
     """The padded row counts a work item can have when ``C = chunk`` (a power of two) in a batch
     of ``num_examples``, smallest first: the powers of two from ``MIN_ITEM`` to C, and from one
-    row in batches of at most ``TINY_BATCH`` examples, and between them one and a half times a
-    power of two from ``FINE_ITEM`` up. Small batches' items hold a row or a few: computed on 8
-    rows, a single SST tree's inference took 1.5x as long, and a tagger's batch-1 training step
-    1.2-1.4x. Each size is a branch of the loop's ``switch``, forward and backward, so larger
-    batches, whose items seldom hold fewer than 8 rows, keep the shorter ladder (their compilation
-    took 1.2-1.3x as long with every size from 1, the tagger's at batch 16).
+    row in batches of at most ``TINY_BATCH`` examples, and between them, when C is at least
+    ``SMALL_CHUNK``, one and a half times a power of two from ``FINE_ITEM`` up. Small batches'
+    items hold a row or a few: computed on 8 rows, a single SST tree's inference took 1.5x as
+    long, and a tagger's batch-1 training step 1.2-1.4x. Each size is a branch of the loop's
+    ``switch``, forward and backward, so larger batches, whose items seldom hold fewer than 8
+    rows, keep the shorter ladder (their compilation took 1.2-1.3x as long with every size from
+    1, the tagger's at batch 16).
 
     Examples:
         >>> item_sizes(128, 64)
-        (8, 16, 32, 48, 64, 96, 128)
+        (8, 16, 24, 32, 48, 64, 96, 128)
         >>> item_sizes(32, 1)
         (1, 2, 4, 8, 16, 32)
     """
     low = 1 if num_examples <= TINY_BATCH else MIN_ITEM
     powers = [1 << k for k in range(low.bit_length() - 1, chunk.bit_length())]
-    between = [3 * p // 2 for p in powers if FINE_ITEM <= 3 * p // 2 < chunk]
+    between = [3 * p // 2 for p in powers if FINE_ITEM <= 3 * p // 2 < chunk] if chunk >= SMALL_CHUNK else []
     return tuple(sorted(powers + between))
 
 

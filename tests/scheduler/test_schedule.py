@@ -264,19 +264,21 @@ def test_pick_chunk_takes_a_small_c_only_in_tiny_batches_where_it_adds_few_items
 
 
 def test_item_sizes_are_the_powers_of_two_from_min_item_to_c_and_halfway_from_fine_item():
-    assert item_sizes(8, 64) == (8,) and item_sizes(32, 5) == (8, 16, 32)
-    assert FINE_ITEM == 48
-    assert item_sizes(128, 5) == (8, 16, 32, 48, 64, 96, 128)
-    assert item_sizes(512, 256) == (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    assert FINE_ITEM == 24 and SMALL_CHUNK == 128
+    assert item_sizes(128, 5) == (8, 16, 24, 32, 48, 64, 96, 128)
+    assert item_sizes(512, 256) == (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    # Smaller C (single trees, short chains): items of a few rows, powers of two alone.
+    assert item_sizes(8, 64) == (8,) and item_sizes(32, 5) == (8, 16, 32) and item_sizes(64, 5) == (8, 16, 32, 64)
     # Batches of a few examples have items of a row or a few: they run at their own size.
     assert item_sizes(8, 4) == (1, 2, 4, 8) and item_sizes(32, 1) == (1, 2, 4, 8, 16, 32)
-    assert item_sizes(64, 1) == (1, 2, 4, 8, 16, 32, 48, 64)
+    assert item_sizes(128, 1) == (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 def test_an_item_takes_the_smallest_size_that_holds_it():
     sizes = item_sizes(512, 64)
-    counts = [1, 8, 9, 32, 33, 48, 49, 64, 65, 96, 97, 300, 384, 385, 512]
-    assert [_item_size(n, sizes) for n in counts] == [8, 8, 16, 32, 48, 48, 64, 64, 96, 96, 128, 384, 384, 512, 512]
+    counts = [1, 8, 9, 17, 24, 25, 33, 48, 49, 64, 65, 96, 97, 300, 384, 385, 512]
+    assert [_item_size(n, sizes) for n in counts] == [8, 8, 16, 24, 24, 32, 48, 48, 64, 64, 96, 96, 128, 384,
+                                                      384, 512, 512]
     tiny = item_sizes(32, 1)
     assert [_item_size(n, tiny) for n in (1, 3, 5, 17, 32)] == [1, 4, 8, 32, 32]
 
