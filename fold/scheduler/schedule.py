@@ -61,15 +61,6 @@ ITEM_OVERHEAD = 192
 SMALL_CHUNK = 128
 TINY_SIZE_CLASS = 1024
 TINY_BATCH = 4
-# From this many rows up, in batches whose C is at least SMALL_CHUNK, a work item can also hold
-# one and a half times a power of two (24, 48, 96, 192, 384): a group's last item, padded to the
-# next size, then computes at most a third more rows than it holds instead of up to twice as many.
-# Measured on a 2-core CPU, SST Tree-LSTM training steps taking turns on the same batches
-# (``benchmarks.item_ladder``): 0.95x at batch 25, 0.92-0.94x at 64 (C = 128), 0.87-0.95x at 256
-# (C = 512); from 48 only, batch 25 gained nothing (0.99-1.03x). Each size is a branch to
-# compile, forward and backward: the first steps took 1.3-1.5x as long. Batches with smaller C
-# (single trees, chains of a few examples) have items of a few rows and keep the powers of two.
-FINE_ITEM = 24
 # ... and batches of at most CHAIN_BATCH examples none of whose loop groups holds more rows than
 # the batch has examples: chains (an RNN over sentences, a fold over characters), whose every
 # group is one step of each sequence. There the cost model holds in every batch of a stream (C =
@@ -77,6 +68,17 @@ FINE_ITEM = 24
 # they do not alternate; a BiLSTM tagger's training step at batch 16 took 16.4 ms at C = 32
 # against 32.6 ms at 128 (at batch 64, where groups reach 64 rows, 69 against 72).
 CHAIN_BATCH = 32
+
+# From this many rows up, in batches whose C is at least SMALL_CHUNK, a work item can also hold
+# one and a half times a power of two (24, 48, 96, 192, 384): a group's last item, padded to the
+# next size, then computes at most a third more rows than it holds instead of up to twice as many.
+# Measured on a 2-core CPU, SST Tree-LSTM training steps taking turns on the same batches
+# (``benchmarks.item_ladder``, four runs): 0.93-0.96x at batch 25, 0.92-0.98x at 64 (C = 128),
+# 0.86-0.93x at 256 (C = 512); from 48 only, batch 25 gained nothing (0.99-1.03x). Each size is a
+# branch to compile, forward and backward: the first steps took 1.3-1.7x as long. Batches with
+# smaller C (single trees, chains of a few examples) have items of a few rows and keep the powers
+# of two.
+FINE_ITEM = 24
 
 # A hoisted or tail group runs in at most this many pieces, forward and backward (``piece_rows``).
 PIECES = 8
