@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 import fold as fd
@@ -154,6 +155,13 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int, warmup:
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def largest_gap(a: Any, b: Any) -> float:
+    """The largest absolute difference between matching leaves of pytrees ``a`` and ``b`` (two
+    ways of computing the same parameters, say)."""
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
 def save_results(name: str, results: dict, args: argparse.Namespace,

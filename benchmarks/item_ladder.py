@@ -24,12 +24,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, largest_gap, make_train_step, save_results
 from examples import sst
 from examples.common import COUNT, print_table
 from fold.scheduler import schedule
@@ -72,9 +71,7 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, batches: 
             compile_s[name] = time.perf_counter() - start
             sizes[name] = list(schedule.layout_item_sizes(chosen[0].layout))
         steps[name] = lambda step=step, args=args: [jax.block_until_ready(step(*a)) for a in args]
-    gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-              for a, b in zip(*(updated[name] for name in LADDERS))
-              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+    gap = max(largest_gap(a, b) for a, b in zip(*(updated[name] for name in LADDERS)))
     ms = {name: 1000 * s / batches for name, s in interleaved_medians(steps, repeats).items()}
     return {"batch_size": batch_size, "chunk": chosen[0].layout.chunk, "item_sizes": sizes, "ms": ms,
             "ratio": ms[LADDERS[1]] / ms[LADDERS[0]], "first_steps_s": compile_s, "largest_param_gap": gap}

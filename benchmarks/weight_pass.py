@@ -25,12 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, save_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, largest_gap, make_train_step, save_results
 from examples import ggnn, sst, tagger
 from examples.common import COUNT, print_table
 
@@ -55,8 +54,7 @@ def measure(name: str, make: Callable[[], fd.Block], examples: list, batch_size:
         args = (params, optimizer.init(params), batch, None)
         updated[way] = jax.block_until_ready(step(*args))[0]
         steps[way] = lambda step=step, args=args: jax.block_until_ready(step(*args))
-    a, b = (jax.tree_util.tree_leaves(updated[way]) for way in WAYS)
-    gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+    gap = largest_gap(*(updated[way] for way in WAYS))
     ms = {way: 1000 * s for way, s in interleaved_medians(steps, repeats).items()}
     return {"model": name, "batch_size": batch_size, "ms": ms, "speedup": ms["per item"] / ms["after the loop"],
             "loop_items": items, "us_per_item": {way: 1000 * t / items for way, t in ms.items()},
