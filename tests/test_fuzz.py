@@ -85,6 +85,16 @@ def test_seed_1813_matches():
     assert run_case(Case.draw(1813))[1] == 6
 
 
+def test_seed_19469_compiles_and_matches():
+    """Seed 19469 of the ``every`` grammar (C 8, ``backward="save"``, loop weight cotangents item
+    by item) did not compile on the CPU: the one-row items' input gathers became ``dynamic-slice``
+    instructions whose names matched JAX's ``dynamic_slice`` ones in the same fusion, and XLA's
+    emitter read an index from a float operand (``take_rows`` now slices one row itself)."""
+    case = Case.draw(19469, "every")
+    assert (case.chunk, case.backward) == (8, "save")
+    assert run_case(case)[1] == 6
+
+
 def test_a_metric_in_a_void_branch_records_every_example():
     """Seed 5812 of the ``every`` grammar drops a branch with ``Void`` whose ``Composition``
     records a metric: the branch still runs, so every example records its value, and the values

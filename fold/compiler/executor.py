@@ -783,8 +783,18 @@ def _gather_rows(op: CompiledOp, arenas: Arenas, idx: jax.Array) -> list[jax.Arr
 def take_rows(a: jax.Array | np.ndarray, rows: jax.Array | np.ndarray) -> jax.Array:
     """``a[rows]`` for row numbers that are never negative. Plain indexing first maps negative
     numbers to rows from the end, and XLA's CPU backend fuses that test into the gather's loop,
-    once per element rather than per row (a GGNN step was 3-5 % faster without it)."""
-    return jnp.asarray(a).at[rows].get(mode="clip", wrap_negative_indices=False)
+    once per element rather than per row (a GGNN step was 3-5 % faster without it).
+
+    One row is a ``dynamic_slice`` (clamped, as ``"clip"`` does) rather than a gather: XLA
+    rewrites a one-index gather into an instruction named ``dynamic-slice.N``, and its CPU fusion
+    emitter (jaxlib 0.10.2) gives it the same function as a ``dynamic_slice.N`` that JAX named,
+    when both land in one fusion with the same N: it then reads an index from a float operand
+    and fails to compile ("SExt only operates on integer")."""
+    a = jnp.asarray(a)
+    if np.shape(rows) == (1,):
+        # ``dynamic_slice`` wraps a negative start: clamp it first, as the gather does.
+        return lax.dynamic_slice_in_dim(a, jnp.maximum(jnp.asarray(rows)[0], 0), 1)
+    return a.at[rows].get(mode="clip", wrap_negative_indices=False)
 
 
 def where_rows(mask: jax.Array, x: jax.Array, fill: jax.Array | float | None = None) -> jax.Array:

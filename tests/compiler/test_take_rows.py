@@ -26,3 +26,18 @@ def test_take_rows_gradient_scatters_into_the_rows_read():
     a = jnp.arange(6.0).reshape(3, 2)
     grad = jax.grad(lambda a: jnp.sum(take_rows(a, jnp.array([2, 2, 0])) ** 2))(a)
     np.testing.assert_allclose(grad, [[0.0, 2.0], [0.0, 0.0], [16.0, 20.0]])
+
+
+def test_one_row_is_a_dynamic_slice_with_the_same_values_clamping_and_gradient():
+    """One row is read with ``dynamic_slice``, not a gather: XLA's CPU emitter failed to compile
+    seed 19469 of the fuzz (``test_fuzz``), where XLA had turned a one-row gather into a
+    ``dynamic-slice`` whose name matched a ``dynamic_slice`` of JAX's in the same fusion."""
+    a = jax.random.normal(jax.random.key(1), (7, 3))
+    for r in (0, 4, 6, 9, -2):  # past the end clamps to the last row, negative to the first
+        want = np.asarray(a)[[min(max(r, 0), 6)]]
+        for rows in (np.array([r], np.int32), jnp.array([r], jnp.int32)):
+            np.testing.assert_array_equal(jax.jit(take_rows)(a, rows), want)
+    jaxpr = str(jax.make_jaxpr(take_rows)(a, jnp.array([3], jnp.int32)))
+    assert "dynamic_slice" in jaxpr and "gather" not in jaxpr
+    grad = jax.grad(lambda a: jnp.sum(take_rows(a, jnp.array([2])) ** 2))(a)
+    np.testing.assert_allclose(grad, np.where(np.arange(7)[:, None] == 2, 2 * np.asarray(a), 0.0), rtol=1e-6)
