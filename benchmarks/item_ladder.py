@@ -4,10 +4,12 @@ A loop item computes its group's rows padded to the smallest item size that hold
 (``fold.scheduler.schedule.item_sizes``). With powers of two alone, a group's last item can
 compute up to twice the rows it holds; with sizes of one and a half times a power of two in
 between, from ``FINE_ITEM`` rows up (fold's default), at most a third more, for a few more
-branches of the loop's ``switch`` to compile. This trains the SST Tree-LSTM both ways on the
-same batches (the first ``--batches`` of a stream), taking turns in one process, checks that
-both give the same parameters, and reports the step time of each, their ratio and how long each
-took to compile.
+branches of the loop's ``switch`` to compile. This trains a model both ways on the same
+batches (the first ``--batches`` of a stream), taking turns in one process, checks that both
+give the same parameters, and reports the step time of each, their ratio and how long each took
+to compile. ``--workload``: the SST Tree-LSTM (``--hidden``), DyNet's BiLSTM tagger with
+character LSTMs (``examples.tagger``) or its ``treenn`` (``benchmarks.dynet_treenn``), both at
+the DyNet suite's sizes.
 
 Run: ``python -m benchmarks.item_ladder --data-dir DIR`` (``--quick``: a seconds-long run on the
 committed sample). Writes ``benchmarks/results/item_ladder.json`` and a plot.
@@ -20,20 +22,22 @@ import contextlib
 import pathlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import optax
 
 import fold as fd
-from benchmarks import models
+from benchmarks import dynet_treenn, models
 from benchmarks.common import add_run_flags, figure, interleaved_medians, largest_gap, make_train_step, save_results
-from examples import sst
+from examples import sst, tagger
 from examples.common import COUNT, print_table
 from fold.scheduler import schedule
 
 LADDERS = ("powers of two", "with 1.5x sizes")
+# Each workload's default batch sizes: the SST runs of the performance docs, DyNet's races.
+WORKLOADS = {"sst": [25, 64, 256], "tagger": [16, 64], "treenn": [16, 64]}
 
 
 @contextlib.contextmanager
@@ -50,20 +54,36 @@ def ladder(name: str) -> Iterator[None]:
         schedule.FINE_ITEM = kept
 
 
-def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, batches: int, repeats: int) -> dict[str, Any]:
-    """Each ladder's median time over the first ``batches`` training steps of a stream of ``trees``."""
+def workload(name: str, trees: list, hidden: int, quick: bool) -> tuple[Callable[[], fd.Block], list]:
+    """Workload ``name``'s model (a function that builds it) and its examples, from SST's ``trees``."""
+    if name == "sst":
+        word_idx = sst.vocabulary(trees)
+        return lambda: models.sst_model(word_idx, hidden), trees
+    if name == "tagger":
+        examples = tagger.examples_of(trees)
+        sizes = tagger.parse_args(["--quick"] if quick else [])
+        word_idx, char_idx = tagger.vocabularies(examples, sizes.min_count)
+        return lambda: tagger.build_model(word_idx, char_idx, sizes), examples
+    word_idx = dynet_treenn.vocabulary(trees)
+    sizes = (16, 16) if quick else (dynet_treenn.WORD_SIZE, dynet_treenn.HIDDEN)
+    return lambda: dynet_treenn.build_model(word_idx, *sizes), trees
+
+
+def measure(model: Callable[[], fd.Block], examples: list, batch_size: int, batches: int,
+            repeats: int) -> dict[str, Any]:
+    """Each ladder's median time over the first ``batches`` training steps of a stream of ``examples``."""
     steps = {}
     updated = {}
     compile_s = {}
     sizes: dict[str, list[int]] = {}
     for name in LADDERS:
         with ladder(name):
-            compiler = fd.Compiler.create(models.sst_model(word_idx, hidden))
+            compiler = fd.Compiler.create(model())
             params = compiler.init(jax.random.key(0))
             optimizer = optax.sgd(0.05)
             step = make_train_step(compiler, optimizer)
             # Built here, not ahead on a thread that could outlive the ladder.
-            stream = compiler.batches(trees[:batch_size * max(16, batches)], batch_size, prefetch=False)
+            stream = compiler.batches(examples[:batch_size * max(16, batches)], batch_size, prefetch=False)
             chosen = [jax.device_put(b) for b, _ in zip(stream, range(batches))]
             args = [(params, optimizer.init(params), b, None) for b in chosen]
             start = time.perf_counter()
@@ -79,36 +99,40 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, batches: 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[25, 64, 256])
-    p.add_argument("--hidden", type=COUNT, default=150)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sst")
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=None,
+                   help="default: 25 64 256 for sst, 16 64 for the tagger and treenn")
+    p.add_argument("--hidden", type=COUNT, default=150, help="the SST Tree-LSTM's state size")
     p.add_argument("--batches", type=COUNT, default=4, help="batches per timed round")
     p.add_argument("--repeats", type=COUNT, default=10, help="timed rounds")
     add_run_flags(p, "item_ladder", "batch size 8, 2 batches, 3 rounds, on the sample")
     args = p.parse_args(argv)
+    args.batch_sizes = args.batch_sizes or WORKLOADS[args.workload]
     if args.quick:
         args.batch_sizes, args.batches, args.repeats = [8], 2, 3
     trees = sst.load("train", sst.data_dir(args.data_dir, args.quick))
     random.Random(0).shuffle(trees)
-    word_idx = sst.vocabulary(trees)
+    model, examples = workload(args.workload, trees, args.hidden, args.quick)
     runs = []
     for batch_size in args.batch_sizes:
-        runs.append(measure(trees, word_idx, args.hidden, batch_size, args.batches, args.repeats))
+        runs.append(measure(model, examples, batch_size, args.batches, args.repeats))
         r = runs[-1]
         print(f"batch {batch_size}: " + ", ".join(f"{n} {ms:.1f} ms" for n, ms in r["ms"].items())
               + f" (x{r['ratio']:.3f})", flush=True)
-    print_table(f"SST Tree-LSTM training step (ms), H {args.hidden}",
+    title = f"SST Tree-LSTM, H {args.hidden}" if args.workload == "sst" else args.workload
+    print_table(f"{title}: training step (ms)",
                 ["batch", "C", *LADDERS, "ratio", *(f"first steps (s), {n}" for n in LADDERS)],
                 [[r["batch_size"], r["chunk"], *(f"{r['ms'][n]:.1f}" for n in LADDERS), f"{r['ratio']:.3f}",
                   *(f"{r['first_steps_s'][n]:.1f}" for n in LADDERS)] for r in runs])
-    result = {"runs": runs, "hidden": args.hidden, "batches": args.batches, "repeats": args.repeats,
-              "fine_item": schedule.FINE_ITEM}
+    result = {"workload": args.workload, "runs": runs, "hidden": args.hidden, "batches": args.batches,
+              "repeats": args.repeats, "fine_item": schedule.FINE_ITEM}
 
     def plot(path: pathlib.Path) -> None:
         with figure(path) as ax:
             ax.plot([r["batch_size"] for r in runs], [r["ratio"] for r in runs], marker="o")
             ax.axhline(1, color="k", lw=0.5)
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("trees per batch")
+            ax.set_xlabel("examples per batch")
             ax.set_ylabel(f"step time, {LADDERS[1]} / {LADDERS[0]}")
 
     save_results("item_ladder", result, args, plot)

@@ -19,6 +19,15 @@ def test_quick_run_compares_both_ladders(tmp_path):
     assert (tmp_path / "l.json").exists() and (tmp_path / "l.png").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["tagger", "treenn"])
+def test_quick_run_of_the_dynet_workloads(tmp_path, workload):
+    result = item_ladder.main(["--quick", "--workload", workload, "--json", str(tmp_path / "l.json")])
+    (run,) = result["runs"]
+    assert result["workload"] == workload and min(run["ms"].values()) > 0
+    assert run["largest_param_gap"] < 1e-5
+
+
 def test_the_ladder_is_restored_after_each_variant():
     kept = item_ladder.schedule.FINE_ITEM
     with pytest.raises(RuntimeError), item_ladder.ladder(item_ladder.LADDERS[0]):
