@@ -87,9 +87,9 @@ def test_seed_1813_matches():
 
 def test_seed_19469_compiles_and_matches():
     """Seed 19469 of the ``every`` grammar (C 8, ``backward="save"``, loop weight cotangents item
-    by item) did not compile on the CPU: the one-row items' input gathers became ``dynamic-slice``
-    instructions whose names matched JAX's ``dynamic_slice`` ones in the same fusion, and XLA's
-    emitter read an index from a float operand (``take_rows`` now slices one row itself)."""
+    by item) did not compile on the CPU: XLA turned the one-row items' input gathers into
+    ``dynamic-slice`` instructions reading their start from JAX's ``dynamic_slice`` of the item's
+    indices, a fusion its emitter miscompiles (``take_rows`` now slices one row itself)."""
     case = Case.draw(19469, "every")
     assert (case.chunk, case.backward) == (8, "save")
     assert run_case(case)[1] == 6

@@ -787,9 +787,10 @@ def take_rows(a: jax.Array | np.ndarray, rows: jax.Array | np.ndarray) -> jax.Ar
 
     One row is a ``dynamic_slice`` (clamped, as ``"clip"`` does) rather than a gather: XLA
     rewrites a one-index gather into an instruction named ``dynamic-slice.N``, and its CPU fusion
-    emitter (jaxlib 0.10.2) gives it the same function as a ``dynamic_slice.N`` that JAX named,
-    when both land in one fusion with the same N: it then reads an index from a float operand
-    and fails to compile ("SExt only operates on integer")."""
+    emitter (jaxlib 0.10.2) miscompiles a fusion where such an instruction reads its start from
+    one that JAX named ``dynamic_slice.M`` (here, the item's row of input indices): it reads the
+    index from a float operand and fails ("SExt only operates on integer"). Renaming either
+    instruction in the HLO compiles it."""
     a = jnp.asarray(a)
     if np.shape(rows) == (1,):
         # ``dynamic_slice`` wraps a negative start: clamp it first, as the gather does.

@@ -31,7 +31,7 @@ def test_take_rows_gradient_scatters_into_the_rows_read():
 def test_one_row_is_a_dynamic_slice_with_the_same_values_clamping_and_gradient():
     """One row is read with ``dynamic_slice``, not a gather: XLA's CPU emitter failed to compile
     seed 19469 of the fuzz (``test_fuzz``), where XLA had turned a one-row gather into a
-    ``dynamic-slice`` whose name matched a ``dynamic_slice`` of JAX's in the same fusion."""
+    ``dynamic-slice`` reading its start from a ``dynamic_slice`` of JAX's in the same fusion."""
     a = jax.random.normal(jax.random.key(1), (7, 3))
     for r in (0, 4, 6, 9, -2):  # past the end clamps to the last row, negative to the first
         want = np.asarray(a)[[min(max(r, 0), 6)]]
