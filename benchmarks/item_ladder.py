@@ -9,7 +9,7 @@ batches (the first ``--batches`` of a stream), taking turns in one process, chec
 give the same parameters, and reports the step time of each, their ratio and how long each took
 to compile. ``--workload``: the SST Tree-LSTM (``--hidden``), DyNet's BiLSTM tagger with
 character LSTMs (``examples.tagger``) or its ``treenn`` (``benchmarks.dynet_treenn``), both at
-the DyNet suite's sizes.
+the DyNet suite's sizes, or Table 1's Tree-LSTM on random trees of 128 leaves (H 256).
 
 Run: ``python -m benchmarks.item_ladder --data-dir DIR`` (``--quick``: a seconds-long run on the
 committed sample). Writes ``benchmarks/results/item_ladder.json`` and a plot.
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 import fold as fd
@@ -37,7 +38,8 @@ from fold.scheduler import schedule
 
 LADDERS = ("powers of two", "with 1.5x sizes")
 # Each workload's default batch sizes: the SST runs of the performance docs, DyNet's races.
-WORKLOADS = {"sst": [25, 64, 256], "tagger": [16, 64], "treenn": [16, 64]}
+WORKLOADS = {"sst": [25, 64, 256], "tagger": [16, 64], "treenn": [16, 64], "table1": [64, 256]}
+TABLE1_LEAVES, TABLE1_HIDDEN, TABLE1_TREES = 128, 256, 4096
 
 
 @contextlib.contextmanager
@@ -54,8 +56,14 @@ def ladder(name: str) -> Iterator[None]:
         schedule.FINE_ITEM = kept
 
 
+def half_square(root: jax.Array) -> jax.Array:
+    """Table 1's training loss: ``0.5 * sum(root ** 2)``."""
+    return 0.5 * jnp.sum(root**2, axis=-1)
+
+
 def workload(name: str, trees: list, hidden: int, quick: bool) -> tuple[Callable[[], fd.Block], list]:
-    """Workload ``name``'s model (a function that builds it) and its examples, from SST's ``trees``."""
+    """Workload ``name``'s model (a function that builds it) and its examples, from SST's ``trees``
+    (Table 1's are random trees of its own)."""
     if name == "sst":
         word_idx = sst.vocabulary(trees)
         return lambda: models.sst_model(word_idx, hidden), trees
@@ -64,6 +72,11 @@ def workload(name: str, trees: list, hidden: int, quick: bool) -> tuple[Callable
         sizes = tagger.parse_args(["--quick"] if quick else [])
         word_idx, char_idx = tagger.vocabularies(examples, sizes.min_count)
         return lambda: tagger.build_model(word_idx, char_idx, sizes), examples
+    if name == "table1":
+        leaves, hidden = (8, 16) if quick else (TABLE1_LEAVES, TABLE1_HIDDEN)
+        rng = random.Random(0)
+        return (lambda: models.table1_model(hidden, leaves) >> fd.Function(half_square) >> fd.Metric("loss"),
+                [models.random_tree(rng, leaves) for _ in range(64 if quick else TABLE1_TREES)])
     word_idx = dynet_treenn.vocabulary(trees)
     sizes = (16, 16) if quick else (dynet_treenn.WORD_SIZE, dynet_treenn.HIDDEN)
     return lambda: dynet_treenn.build_model(word_idx, *sizes), trees
@@ -101,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="sst")
     p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=None,
-                   help="default: 25 64 256 for sst, 16 64 for the tagger and treenn")
+                   help="default: 25 64 256 for sst, 16 64 for the tagger and treenn, 64 256 for table1")
     p.add_argument("--hidden", type=COUNT, default=150, help="the SST Tree-LSTM's state size")
     p.add_argument("--batches", type=COUNT, default=4, help="batches per timed round")
     p.add_argument("--repeats", type=COUNT, default=10, help="timed rounds")
