@@ -69,9 +69,7 @@ def workload(name: str, trees: list, hidden: int, quick: bool) -> tuple[Callable
         return lambda: models.sst_model(word_idx, hidden), trees
     if name == "tagger":
         examples = tagger.examples_of(trees)
-        sizes = tagger.parse_args(["--quick"] if quick else [])
-        word_idx, char_idx = tagger.vocabularies(examples, sizes.min_count)
-        return lambda: tagger.build_model(word_idx, char_idx, sizes), examples
+        return lambda: models.tagger_model(examples, 16 if quick else 50), examples
     if name == "table1":
         leaves, hidden = (8, 16) if quick else (TABLE1_LEAVES, TABLE1_HIDDEN)
         rng = random.Random(0)

@@ -21,7 +21,7 @@ def test_quick_run_compares_both_ladders(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", ["tagger", "treenn", "table1"])
-def test_quick_run_of_the_dynet_workloads(tmp_path, workload):
+def test_quick_run_of_the_other_workloads(tmp_path, workload):
     result = item_ladder.main(["--quick", "--workload", workload, "--json", str(tmp_path / "l.json")])
     (run,) = result["runs"]
     assert result["workload"] == workload and min(run["ms"].values()) > 0
