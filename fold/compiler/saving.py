@@ -21,7 +21,7 @@ import jax
 from fold.compiler.executor import Executor
 from fold.scheduler.batch import Batch
 from fold.scheduler.layouts import saved_floor
-from fold.scheduler.schedule import padded_rows
+from fold.scheduler.schedule import arena_rows_for
 from fold.typing import Params
 
 __all__ = ["BACKWARDS", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_params",
@@ -98,8 +98,8 @@ class SavePolicy:
         layout = batch.layout
         op_bytes = self.row_bytes(layout.chunk)
         row_bytes = [op_bytes[o] for o in layout.loop_ops]
-        rows = saved_floor(tuple(padded_rows(r) if b else 0 for r, b in zip(batch.built_stats().saved_rows, row_bytes)),
-                           layout.size_class)
+        need = batch.built_stats().saved_rows
+        rows = saved_floor(tuple(arena_rows_for(r) if b else 0 for r, b in zip(need, row_bytes)), layout.size_class)
         saved_bytes = saved_buffer_bytes(rows, row_bytes, layout.chunk)
         if not saved_bytes or (self.backward == "auto" and saved_bytes > self.save_limit):
             return ()

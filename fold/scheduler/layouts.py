@@ -65,12 +65,14 @@ PLAN_AHEAD = 16
 # A planned size class holds the sample's mean need plus this many standard deviations.
 SPREAD = 4.0
 
-# A loop operation that saves has at least A // SAVED_SHARE rows of saved buffers (``saved_floor``,
-# which the policy of fold/compiler/saving.py and the layouts both apply): loop rows
-# are a minority of a tree's nodes (SST: about an eighth, a quarter of A once items are padded), so
-# most batches get exactly that, a size fixed by A that adds no compilations of its own
-# (per-batch powers of two doubled the layouts of a multi-operation model).
-SAVED_SHARE = 4
+# A loop operation that saves has its saved rows rounded up as arena rows are (``arena_rows_for``:
+# at most a quarter more than its items take), and at least A // SAVED_SHARE of them
+# (``saved_floor``, which the policy of fold/compiler/saving.py and the layouts both apply), so a
+# layout whose size class grew past a batch's still holds that batch's floor. Every step fills
+# the saved buffers before its loop (the CPU has no uninitialised buffer), so their rows cost
+# time whether written or not: a floor of A // 4 and powers of two gave the DyNet suite's
+# Tree-LSTM 5.9-6.4x the rows its items save, and steps 1.04-1.12x as long as these sizes.
+SAVED_SHARE = 16
 
 Ints: TypeAlias = tuple[int, ...]
 """A layout's operations, or their padded row counts."""
@@ -333,7 +335,10 @@ class LayoutPolicy:
                         for n in np.asarray(needs, np.int64).reshape(len(needs), -1).T]
                 return tuple(max(h, min(A, r)) for h, r in zip(have, rows))
 
-            saved = [[_saved_of(b.layout).get(o, 0) for o in joined.loop_ops] for b in members]
+            # What each member's items save (not its layout's rounded rows: spread on rounded sizes
+            # would round twice), for the operations it saves.
+            saved = [[dict(zip(b.layout.loop_ops, s.saved_rows))[o] if _saved_of(b.layout).get(o) else 0
+                      for o in joined.loop_ops] for b, s in zip(members, stats)]
             layout = joined._replace(
                 size_class=A,
                 arena_rows=bounded(joined.arena_rows, [s.type_rows for s in stats], rounded=arena_rows_for),
@@ -344,7 +349,8 @@ class LayoutPolicy:
                                                                    b.layout.tail_sizes, joined.tail_ops,
                                                                    joined.tail_sizes) for b in members]),
                 # An operation no member saves gets no rows: rows would make it save (``fits``).
-                saved_rows=saved_floor(bounded(joined.saved_rows, saved, keep_zeros=True), A) if joined.saved_rows
+                saved_rows=saved_floor(bounded(joined.saved_rows, saved, keep_zeros=True, rounded=arena_rows_for), A)
+                if joined.saved_rows
                 else ())
             self._hand_out(layout, f"planned from {len(members)} of the batches ahead")
 

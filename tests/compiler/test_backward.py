@@ -16,7 +16,8 @@ import fold as fd
 from examples import weave
 from fold.compiler.executor import _SavedBuffers
 from fold.compiler.saving import saved_buffer_bytes
-from fold.scheduler.schedule import item_sizes, padded_rows
+from fold.scheduler.layouts import SAVED_SHARE
+from fold.scheduler.schedule import arena_rows_for, item_sizes
 from tests.compiler.test_randomness import _functions
 from tests.models import MODELS, enable_x64
 from tests.params import diagonal
@@ -48,7 +49,8 @@ def test_saved_backward_gives_the_recomputed_gradients(name, chunk):
 
 def test_saved_buffers_hold_one_row_per_loop_row():
     """Each loop operation's saved buffers have as many rows as its items' padded rows (rounded up
-    to a power of two), one item after another: not a row per row of its output's arena."""
+    as arena rows are, above the size class's floor), one item after another: not a row per row
+    of its output's arena, nor the next power of two."""
     block, _, examples = MODELS["tree_lstm"](n=20)
     for backward in ("recompute", "save"):
         compiler = fd.Compiler.create(block, backward=backward, chunk_size=8)
@@ -65,7 +67,8 @@ def test_saved_buffers_hold_one_row_per_loop_row():
             mine = branch // len(sizes) == q
             np.testing.assert_array_equal(arrays.items_saved[:n][mine], np.cumsum(rows[mine]) - rows[mine])
             if compiler.saved_row_bytes(8)[layout.loop_ops[q]]:
-                assert layout.saved_rows[q] == padded_rows(int(rows[mine].sum()))
+                floor = layout.size_class // SAVED_SHARE
+                assert layout.saved_rows[q] == max(arena_rows_for(int(rows[mine].sum())), floor)
             else:  # nothing to save (no matmul): no buffer
                 assert layout.saved_rows[q] == 0
         assert 0 < sum(layout.saved_rows) < max(layout.arena_rows)
