@@ -108,15 +108,18 @@ def measure(model: Callable[[], fd.Block], examples: list, batch_size: int, batc
             "ratio": ms[LADDERS[1]] / ms[LADDERS[0]], "first_steps_s": compile_s, "largest_param_gap": gap}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sst")
+def parse_workload(argv: list[str] | None, name: str, default: str, repeats: int,
+                   description: str) -> tuple[argparse.Namespace, Callable[[], fd.Block], list]:
+    """The command line of a benchmark that times one workload two ways (this one, and
+    ``benchmarks.saved_rows``): its flags, and the workload's model and examples (``workload``)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default=default)
     p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=None,
                    help="default: 25 64 256 for sst, 16 64 for the tagger and treenn, 64 256 for table1")
     p.add_argument("--hidden", type=COUNT, default=150, help="the SST Tree-LSTM's state size")
     p.add_argument("--batches", type=COUNT, default=4, help="batches per timed round")
-    p.add_argument("--repeats", type=COUNT, default=10, help="timed rounds")
-    add_run_flags(p, "item_ladder", "batch size 8, 2 batches, 3 rounds, on the sample")
+    p.add_argument("--repeats", type=COUNT, default=repeats, help="timed rounds")
+    add_run_flags(p, name, "batch size 8, 2 batches, 3 rounds, on the sample")
     args = p.parse_args(argv)
     args.batch_sizes = args.batch_sizes or WORKLOADS[args.workload]
     if args.quick:
@@ -124,6 +127,11 @@ def main(argv: list[str] | None = None) -> dict:
     trees = [] if args.workload == "table1" else sst.load("train", sst.data_dir(args.data_dir, args.quick))
     random.Random(0).shuffle(trees)
     model, examples = workload(args.workload, trees, args.hidden, args.quick)
+    return args, model, examples
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, model, examples = parse_workload(argv, "item_ladder", "sst", 10, __doc__.splitlines()[0])
     runs = []
     for batch_size in args.batch_sizes:
         runs.append(measure(model, examples, batch_size, args.batches, args.repeats))
@@ -138,15 +146,23 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"workload": args.workload, "runs": runs, "hidden": args.hidden, "batches": args.batches,
               "repeats": args.repeats, "fine_item": schedule.FINE_ITEM}
 
+    return save_ratios("item_ladder", result, args, LADDERS)
+
+
+def save_ratios(name: str, result: dict, args: argparse.Namespace, ways: tuple[str, str]) -> dict:
+    """Saves ``result`` (its ``runs`` each with a step-time ``ratio`` of ``ways[1]`` over
+    ``ways[0]``) as benchmark ``name``'s results, with a plot of the ratios, and returns it."""
+    runs = result["runs"]
+
     def plot(path: pathlib.Path) -> None:
         with figure(path) as ax:
             ax.plot([r["batch_size"] for r in runs], [r["ratio"] for r in runs], marker="o")
             ax.axhline(1, color="k", lw=0.5)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("examples per batch")
-            ax.set_ylabel(f"step time, {LADDERS[1]} / {LADDERS[0]}")
+            ax.set_ylabel(f"step time, {ways[1]} / {ways[0]}")
 
-    save_results("item_ladder", result, args, plot)
+    save_results(name, result, args, plot)
     return result
 
 

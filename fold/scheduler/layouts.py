@@ -71,7 +71,8 @@ SPREAD = 4.0
 # layout whose size class grew past a batch's still holds that batch's floor. Every step fills
 # the saved buffers before its loop (the CPU has no uninitialised buffer), so their rows cost
 # time whether written or not: a floor of A // 4 and powers of two gave the DyNet suite's
-# Tree-LSTM 5.9-6.4x the rows its items save, and steps 1.04-1.12x as long as these sizes.
+# Tree-LSTM 5.9-6.4x the rows its items save, and steps up to 1.08x as long as these sizes
+# (``benchmarks.saved_rows``).
 SAVED_SHARE = 16
 
 Ints: TypeAlias = tuple[int, ...]

@@ -22,6 +22,7 @@ COUNTS = {
     "memory": ["--batch-size", "--batches", "--hidden", "--embed-size"],
     "prefetch": ["--batch-sizes", "--batches", "--repeats"],
     "scaling": ["--devices", "--per-device", "--steps", "--hidden", "--embed-size"],
+    "saved_rows": ["--batch-sizes", "--hidden", "--batches", "--repeats"],
     "schedule_build": ["--batch-size", "--batches", "--step-batches", "--leaves", "--repeats"],
     "sst_styles": ["--batch-size", "--hidden", "--embed-size", "--trees", "--repeats"],
     "sst_throughput": ["--batch-sizes", "--hidden", "--embed-size", "--trees", "--peer-trees", "--jax-trees",

@@ -275,7 +275,7 @@ def test_a_planned_size_class_gives_saving_operations_their_floor_of_saved_rows(
 def test_planned_saved_rows_follow_what_the_items_save():
     """A stream's planned saved buffers hold what its batches' items save, rounded up as arenas
     are: every step fills them whole, and a floor of a quarter of the size class and powers of two
-    gave the DyNet suite's Tree-LSTM 5.9-6.4x its items' rows (steps up to 1.12x as long)."""
+    gave the DyNet suite's Tree-LSTM 5.9-6.4x its items' rows (steps up to 1.08x as long)."""
     side = fd.Map(fd.Vector(2) >> fd.FC(2) >> fd.Metric("m")) >> fd.Void()  # nodes outside the loop
     fold = fd.Map(fd.Vector(2)) >> fd.Fold(fd.Concat() >> fd.FC(16), fd.Zeros((16,)))
     compiler = fd.Compiler.create(fd.Record((side, fold)) >> fd.GetItem(1), backward="save", chunk_size=8)
