@@ -15,9 +15,10 @@ perfectly batched step could not go below on this machine. And *cell need*: ever
 the batch (the cells' matmuls *and* their element-wise work, the readout and the loss) on all its
 real rows at once, forward and backward, as one jitted call with no dependencies between rows
 (``cell_need``): the model's own work, the floor an executor that only schedules would reach.
-Beside them, the largest single operations (runs per step, microseconds per run) and a loop
-item's three products each timed alone: an operation that runs beside another on XLA's threads
-looks slower than it is alone.
+The step and both needs are timed taking turns (``interleaved_medians``), so their ratios see
+the same drift of a shared machine. Beside them, the largest single operations (runs per step,
+microseconds per run) and a loop item's three products each timed alone: an operation that runs
+beside another on XLA's threads looks slower than it is alone.
 
 Run: ``python -m benchmarks.step_profile --data-dir DIR`` (``--quick``: the committed sample).
 Writes ``benchmarks/results/step_profile.json``.
@@ -33,6 +34,7 @@ import pathlib
 import random
 import re
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -42,7 +44,7 @@ import optax
 
 import fold as fd
 from benchmarks import models
-from benchmarks.common import add_run_flags, figure, make_train_step, median_seconds, save_results
+from benchmarks.common import add_run_flags, figure, interleaved_medians, make_train_step, median_seconds, save_results
 from examples import sst
 from examples.common import COUNT, print_table
 from fold.scheduler.schedule import layout_item_sizes
@@ -112,8 +114,9 @@ def profile(step: Any, args: tuple, steps: int) -> tuple[dict[str, float], dict[
     return exclusive_times(events), calls(events)
 
 
-def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
-    """Seconds for ``rows`` rows through ``x @ w`` and its two backward products, as one call."""
+def matmul_need(rows: int, w: jax.Array) -> Callable[[], Any]:
+    """A call that runs ``rows`` rows through ``x @ w`` and its two backward products, as one
+    jitted call (compiled here), and waits for it."""
     x = jnp.ones((rows, w.shape[0]), w.dtype)
     dy = jnp.ones((rows, w.shape[1]), w.dtype)
 
@@ -121,7 +124,8 @@ def matmul_need(rows: int, w: jax.Array, repeats: int) -> float:
     def products(x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple:
         return tuple(product(x, dy, w) for product in PRODUCTS.values())
 
-    return median_seconds(lambda: jax.block_until_ready(products(x, w, dy)), repeats)
+    jax.block_until_ready(products(x, w, dy))
+    return lambda: jax.block_until_ready(products(x, w, dy))
 
 
 def op_rows(compiler: fd.Compiler, batch: fd.Batch) -> dict[int, int]:
@@ -139,11 +143,12 @@ def op_rows(compiler: fd.Compiler, batch: fd.Batch) -> dict[int, int]:
     return dict(rows)
 
 
-def cell_need(compiler: fd.Compiler, params: Any, batch: fd.Batch, repeats: int) -> float:
-    """Seconds for every operation of ``batch`` on all its rows at once, forward and backward (in
-    the parameters and float inputs), as one jitted call with no dependencies between rows: the
-    model's own work (matmuls, element-wise work, the loss), perfectly batched. Inputs are
-    random floats (integer inputs zeros), so the work is the model's whatever the values."""
+def cell_need(compiler: fd.Compiler, params: Any, batch: fd.Batch) -> Callable[[], Any]:
+    """A call that runs every operation of ``batch`` on all its rows at once, forward and
+    backward (in the parameters and float inputs), as one jitted call (compiled here) with no
+    dependencies between rows, and waits for it: the model's own work (matmuls, element-wise
+    work, the loss), perfectly batched. Inputs are random floats (integer inputs zeros), so the
+    work is the model's whatever the values."""
     executor = compiler.executor
     rows = op_rows(compiler, batch)
     key = jax.random.key(0)
@@ -173,7 +178,7 @@ def cell_need(compiler: fd.Compiler, params: Any, batch: fd.Batch, repeats: int)
               for o, xs in inputs.items()}
     step = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
     jax.block_until_ready(step(params, floats))
-    return median_seconds(lambda: jax.block_until_ready(step(params, floats)), repeats)
+    return lambda: jax.block_until_ready(step(params, floats))
 
 
 def products_alone(rows: int, w: jax.Array, repeats: int, iterations: int = 32) -> dict[str, float]:
@@ -215,7 +220,12 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: 
     examples = trees[:batch_size]
     args = (params, optimizer.init(params), batch, None)
     jax.block_until_ready(step(*args))
-    seconds = median_seconds(lambda: jax.block_until_ready(step(*args)), repeats)
+    rows = sum(sst.nodes(t) for t in examples)
+    w = params["binary_tree_lstm_cell"]["w"]
+    # Taking turns: the needs are the ratios' denominators, and a shared machine drifts.
+    seconds, need, cells = interleaved_medians({"step": lambda: jax.block_until_ready(step(*args)),
+                                                "matmul need": matmul_need(rows, w),
+                                                "cell need": cell_need(compiler, params, batch)}, repeats).values()
     own, counts = profile(step, args, repeats)
     hlo_text = step.lower(*args).compile().as_text()
     phase = phases(hlo_text)
@@ -223,10 +233,6 @@ def measure(trees: list, word_idx: dict, hidden: int, batch_size: int, repeats: 
     for name, us in own.items():
         table[kind(name)][phase.get(name, "other")] += us / repeats / 1000
     op_ms = sum(sum(v.values()) for v in table.values())
-    rows = sum(sst.nodes(t) for t in examples)
-    w = params["binary_tree_lstm_cell"]["w"]
-    need = matmul_need(rows, w, repeats)
-    cells = cell_need(compiler, params, batch, repeats)
     return {
         "hidden": hidden, "batch_size": batch_size, "nodes": rows, "layout": str(batch.layout),
         "step_ms": seconds * 1000, "op_ms": op_ms, "matmul_need_ms": need * 1000,

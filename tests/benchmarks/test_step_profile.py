@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 import pytest
 
 import fold as fd
@@ -57,4 +58,5 @@ def test_op_rows_count_every_node_once():
     assert sum(rows.values()) == batch.stats.num_nodes
     cell = next(o for o, op in enumerate(compiler.executor.ops) if isinstance(op.layer, fd.BinaryTreeLSTMCell))
     assert rows[cell] == sum(map(sst.nodes, trees))  # leaves too run the cell, on zero child states
-    assert step_profile.cell_need(compiler, compiler.init(jax.random.key(0)), batch, 1) > 0
+    total, (param_grads, _) = step_profile.cell_need(compiler, compiler.init(jax.random.key(0)), batch)()
+    assert np.isfinite(float(total)) and set(param_grads) == set(compiler.init(jax.random.key(0)))
