@@ -30,8 +30,9 @@ __all__ = ["BACKWARDS", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_
 BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
 # backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
 # Measured on a 2-core CPU with freed host memory kept (benchmarks.backward, backward_kept.json):
-# saving trained SST batches of 64 and 128 (12.1 and 23.8 MiB saved) 13-14 % faster in three runs,
-# and was slower from 40 MiB up (Table 1 trees at batch 32, 40.6 MiB: 5 %; SST at 256, 48.3 MiB: 8 %).
+# saving made steps 17-25 % shorter up to 26 MiB saved (SST at batch 25-128, Table 1 trees at 32),
+# and 0.96-1.06x as long from 31 MiB up, where the step's temporaries pass 64 MiB and are mapped
+# fresh every step (SST at 256, Table 1 at 64 and 256).
 SAVE_LIMIT = 32 * 2**20
 # ... and only the operations whose forward pass costs at least this many FLOPs per byte they would
 # save: a saved row is written, kept and read back whatever the matmul behind it, while recomputing
