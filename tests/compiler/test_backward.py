@@ -176,6 +176,29 @@ def test_auto_saves_when_the_saved_buffers_fit_the_limit():
     assert fd.Compiler.create(_fc_fold(128), backward="recompute").build_batch(examples).layout.saved_rows == ()
 
 
+def test_the_default_limit_saves_table1_at_batch_32_and_recomputes_sst_at_256():
+    """``SAVE_LIMIT`` sits between what saving gains (Table 1 trees at batch 32, 25.6 MiB saved:
+    steps 0.75x as long) and where it only doubles the temporaries (SST at batch 256, 29-32 MiB:
+    0.98x; ``benchmarks.backward``): at 32 MiB, with the saved buffers at their items' rows, most
+    SST batches of 256 saved and the memory benchmark's step held 5.3x its activations."""
+    import random
+
+    from benchmarks import models
+    from examples import sst
+    from tests.examples.test_tagger import SAMPLE
+
+    rng = random.Random(0)
+    table1 = fd.Compiler.create(models.table1_model(256, 128) >> fd.Metric("out"))
+    trees = [models.random_tree(rng, 128) for _ in range(64)]
+    assert table1.build_batch(trees[:32]).layout.saved_rows
+    assert not table1.build_batch(trees).layout.saved_rows
+    sample = sst.load("train", SAMPLE)
+    tree_lstm = fd.Compiler.create(models.sst_model(sst.vocabulary(sample), 150))
+    # The sample's first 200 trees save 24.9 MiB, its first 208 30.8 MiB (as SST's batches of 256).
+    assert tree_lstm.build_batch(sample[:200]).layout.saved_rows
+    assert not tree_lstm.build_batch(sample[:208]).layout.saved_rows
+
+
 @pytest.mark.parametrize("width, worth", [(3, False), (60, False), (68, True), (128, True)])
 def test_auto_saves_only_operations_worth_saving(width, worth):
     """FC(width) on 2 * width inputs costs a little over width FLOPs per byte it would save
