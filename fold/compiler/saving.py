@@ -30,8 +30,8 @@ __all__ = ["BACKWARDS", "SAVE_INTENSITY", "SAVE_LIMIT", "SavePolicy", "abstract_
 BACKWARDS = ("auto", "recompute", "save")  # how the loop's backward pass gets each item's vjp
 # backward="auto" saves when the saved buffers take at most this many bytes (see Compiler.create).
 # Measured on a 2-core CPU with freed host memory kept (benchmarks.backward, backward_kept.json):
-# saving made steps 17-25 % shorter up to 26 MiB saved (SST at batch 25-128, Table 1 trees at 32),
-# and 0.96-1.06x as long from 31 MiB up (SST at 256, Table 1 at 64 and 256), where it doubles the
+# saving made steps 16-25 % shorter up to 26 MiB saved (SST at batch 25-128, Table 1 trees at 32),
+# and 0.94-1.06x as long from 31 MiB up (SST at 256, Table 1 at 64 and 256), where it doubles the
 # step's temporaries past the 64 MiB fold keeps in the heap (fold/host_memory.py), so they are
 # mapped fresh every step. The limit sits between: SST's batches of 256 (29-32 MiB) recompute.
 SAVE_LIMIT = 28 * 2**20

@@ -178,8 +178,8 @@ def test_auto_saves_when_the_saved_buffers_fit_the_limit():
 
 def test_the_default_limit_saves_table1_at_batch_32_and_recomputes_sst_at_256():
     """``SAVE_LIMIT`` sits between what saving gains (Table 1 trees at batch 32, 25.6 MiB saved:
-    steps 0.75x as long) and where it only doubles the temporaries (SST at batch 256, 29-32 MiB:
-    0.98x; ``benchmarks.backward``): at 32 MiB, with the saved buffers at their items' rows, most
+    steps 0.73-0.85x as long) and where it only doubles the temporaries (SST at batch 256, 29-32
+    MiB: 0.98x; ``benchmarks.backward``): at 32 MiB, with the saved buffers at their items' rows, most
     SST batches of 256 saved and the memory benchmark's step held 5.3x its activations."""
     import random
 
