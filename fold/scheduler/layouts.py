@@ -338,8 +338,9 @@ class LayoutPolicy:
 
             # What each member's items save (not its layout's rounded rows: spread on rounded sizes
             # would round twice), for the operations it saves.
-            saved = [[dict(zip(b.layout.loop_ops, s.saved_rows))[o] if _saved_of(b.layout).get(o) else 0
-                      for o in joined.loop_ops] for b, s in zip(members, stats)]
+            items = [dict(zip(b.layout.loop_ops, s.saved_rows)) for b, s in zip(members, stats)]
+            saved = [[rows[o] if _saved_of(b.layout).get(o) else 0 for o in joined.loop_ops]
+                     for b, rows in zip(members, items)]
             layout = joined._replace(
                 size_class=A,
                 arena_rows=bounded(joined.arena_rows, [s.type_rows for s in stats], rounded=arena_rows_for),
